@@ -1,0 +1,3 @@
+# Stack the upside-down grid on top of the original.
+def transform(grid):
+    return grid[::-1] + grid

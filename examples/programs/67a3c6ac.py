@@ -1,0 +1,3 @@
+# Mirror left-right.
+def transform(grid):
+    return [row[::-1] for row in grid]

@@ -1,0 +1,3 @@
+# Mirror top-bottom.
+def transform(grid):
+    return grid[::-1]

@@ -1,0 +1,3 @@
+# Transpose.
+def transform(grid):
+    return [list(col) for col in zip(*grid)]

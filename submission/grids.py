@@ -1,0 +1,106 @@
+"""Grids: the one value type every part of the kit passes around.
+
+A grid is a tuple of equal-length tuples of ints 0..9, 1..30 on each side (SPEC section 1). Tuples, not lists, so
+grids hash (voting counts them) and cannot be mutated behind a caller's back. JSON lists are converted at the edges.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+Grid = tuple[tuple[int, ...], ...]
+
+MAX_SIDE = 30
+COLOURS = 10
+EMPTY_ANSWER: Grid = ((0,),)  # what an unanswered slot holds in the answer file
+
+
+class GridError(ValueError):
+    """A value that is not a valid grid; the message says what is wrong with it (not where: callers add that)."""
+
+
+def _cell(value: Any) -> int:
+    # bool is an int subclass but never a colour; numpy integers and integral floats (np.zeros defaults to float)
+    # are accepted because programs legitimately produce them.
+    if type(value).__name__ in ("bool", "bool_"):
+        raise GridError(f"cell {value!r} is a boolean, not a colour")
+    if isinstance(value, int) or hasattr(value, "__index__"):
+        cell = int(value)
+    elif isinstance(value, float) or type(value).__name__.startswith("float"):
+        number = float(value)
+        if not number.is_integer():
+            raise GridError(f"cell {value!r} is not an integer")
+        cell = int(number)
+    else:
+        raise GridError(f"cell {value!r} is a {type(value).__name__}, not an int")
+    if not 0 <= cell < COLOURS:
+        raise GridError(f"cell {cell} is outside 0..9")
+    return cell
+
+
+def to_grid(value: Any) -> Grid:
+    """Validate a JSON-like or numpy value and return it as a Grid, or raise GridError saying what is wrong."""
+    fast = _fast_grid(value)
+    if fast is not None:
+        return fast
+    if hasattr(value, "tolist") and hasattr(value, "ndim"):  # numpy array: check dimensions before converting
+        if value.ndim != 2:
+            raise GridError(f"array has {value.ndim} dimensions, not 2")
+        if value.size > MAX_SIDE * MAX_SIDE:
+            raise GridError(f"array of shape {tuple(value.shape)} exceeds {MAX_SIDE}x{MAX_SIDE}")
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)):
+        raise GridError(f"grid is a {type(value).__name__}, not a list of rows")
+    if not 1 <= len(value) <= MAX_SIDE:
+        raise GridError(f"grid has {len(value)} rows, not 1..{MAX_SIDE}")
+    rows = []
+    width = None
+    for r, row in enumerate(value):
+        if hasattr(row, "tolist") and not isinstance(row, (list, tuple)):
+            row = row.tolist()
+        if not isinstance(row, (list, tuple)):
+            raise GridError(f"row {r} is a {type(row).__name__}, not a list")
+        if width is None:
+            width = len(row)
+            if not 1 <= width <= MAX_SIDE:
+                raise GridError(f"row {r} has {width} cells, not 1..{MAX_SIDE}")
+        elif len(row) != width:
+            raise GridError(f"row {r} has {len(row)} cells, row 0 has {width} (ragged)")
+        try:
+            rows.append(tuple(_cell(v) for v in row))
+        except GridError as err:
+            raise GridError(f"row {r}: {err}") from None
+    return tuple(rows)
+
+
+def _fast_grid(value: Any) -> Grid | None:
+    """The common case (plain lists of ints, or an int array) validated in one numpy pass; None means 'look closer'.
+
+    Every sandbox check validates each output twice (child and caller), so this path is hot: ~10x faster than
+    the cell-by-cell walk below, which stays the reference and produces the error messages."""
+    if isinstance(value, list) and value and isinstance(value[0], list) and len(value) <= MAX_SIDE:
+        try:
+            array = np.array(value)
+        except (ValueError, TypeError, OverflowError):  # ragged, or objects numpy refuses
+            return None
+        if not all(type(cell) is int for row in value for cell in row):  # bools would pass as 0/1 in an int array
+            return None
+    elif isinstance(value, np.ndarray):
+        array = value
+    else:
+        return None
+    if (array.ndim != 2 or array.dtype.kind not in "iu" or not 1 <= array.shape[0] <= MAX_SIDE
+            or not 1 <= array.shape[1] <= MAX_SIDE or array.min() < 0 or array.max() >= COLOURS):
+        return None
+    return tuple(map(tuple, array.tolist()))
+
+
+def to_json(grid: Grid) -> list[list[int]]:
+    """The JSON form of a grid (lists of lists), as the answer file and the sandbox protocol carry it."""
+    return [list(row) for row in grid]
+
+
+def shape(grid: Grid) -> tuple[int, int]:
+    return len(grid), len(grid[0])

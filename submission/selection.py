@@ -1,0 +1,71 @@
+"""Answer selection for one test input (SPEC section 4): candidates in, `attempt_1` and `attempt_2` out. Pure.
+
+Candidates are the direct grids of every attempt, the test outputs of train-perfect programs, and the outputs of
+programs that were train-perfect for one of the task's other test inputs (transferred). Ranking:
+1. grids with >= 2 votes, most votes first;
+2. then grids that a train-perfect program of this input produced, by votes;
+3. then the remaining direct grids, by votes;
+4. transferred outputs vote like direct grids when this input has no train-perfect program of its own, and rank after
+   all its grids (and do not vote) when it has one.
+Ties go to the candidate seen first (attempt order), so selection is deterministic. Empty slots get `[[0]]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from submission.grids import EMPTY_ANSWER, Grid
+
+
+class Source(str, Enum):
+    GRID = "grid"  # the direct answer grid of an attempt
+    PROGRAM = "program"  # the test output of a train-perfect program of this test input
+    TRANSFERRED = "transferred"  # the output of a program train-perfect on another test input of the task
+
+
+@dataclass(frozen=True)
+class Candidate:
+    grid: Grid
+    source: Source
+    attempt: int = 0  # which attempt produced it (for records; order of arrival breaks ties)
+
+
+@dataclass(frozen=True)
+class Ranked:
+    grid: Grid
+    votes: int
+    from_program: bool
+    first_seen: int
+
+
+def rank(candidates: list[Candidate] | tuple[Candidate, ...]) -> list[Ranked]:
+    """Distinct grids, best first, by the rule in the module doc."""
+    has_program = any(c.source is Source.PROGRAM for c in candidates)
+    votes: dict[Grid, int] = {}
+    programs: set[Grid] = set()
+    first: dict[Grid, int] = {}
+    late: dict[Grid, int] = {}  # transferred outputs that rank after all grids (the input has its own program)
+    for i, c in enumerate(candidates):
+        if c.source is Source.TRANSFERRED and has_program:
+            late.setdefault(c.grid, i)
+            continue
+        votes[c.grid] = votes.get(c.grid, 0) + 1
+        first.setdefault(c.grid, i)
+        if c.source is Source.PROGRAM:
+            programs.add(c.grid)
+
+    def tier(g: Grid) -> int:
+        return 0 if votes[g] >= 2 else 1 if g in programs else 2
+
+    ranked = [Ranked(g, votes[g], g in programs, first[g]) for g in votes]
+    ranked.sort(key=lambda r: (tier(r.grid), -r.votes, not r.from_program, r.first_seen))
+    ranked += [Ranked(g, 0, False, i) for g, i in sorted(late.items(), key=lambda kv: kv[1]) if g not in votes]
+    return ranked
+
+
+def select(candidates: list[Candidate] | tuple[Candidate, ...]) -> tuple[Grid, Grid]:
+    """attempt_1 and attempt_2: the first two distinct ranked grids, filled with [[0]]."""
+    grids = [r.grid for r in rank(candidates)][:2]
+    grids += [EMPTY_ANSWER] * (2 - len(grids))
+    return grids[0], grids[1]

@@ -1,0 +1,32 @@
+"""Shared fixtures: the real ARC data (path overridable with ARC_DATA) and a check that tests leave the tree clean."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ARC_DATA = Path(os.environ.get("ARC_DATA", REPO.parent / "shared" / "arc-data"))
+
+
+@pytest.fixture(scope="session")
+def arc_data() -> Path:
+    if not (ARC_DATA / "arc-agi-2" / "evaluation").is_dir():
+        pytest.fail(f"ARC data not found at {ARC_DATA}: set ARC_DATA to the folder holding arc-agi-2/")
+    return ARC_DATA
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tree_stays_clean():
+    """Fail the session if a test left files in the repository (outputs belong in tmp_path)."""
+    def status() -> str:
+        return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO,
+                              capture_output=True, text=True).stdout
+
+    before = status()
+    yield
+    after = status()
+    assert after == before, f"tests changed the working tree:\n{after}"

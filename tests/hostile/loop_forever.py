@@ -1,0 +1,5 @@
+# expect: timeout
+# An infinite loop: the CPU limit ends it.
+def transform(grid):
+    while True:
+        pass

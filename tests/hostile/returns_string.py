@@ -1,0 +1,3 @@
+# expect: invalid
+def transform(grid):
+    return "the answer is [[1]]"

@@ -1,0 +1,6 @@
+# expect: crash
+# Dereferences a null pointer.
+import ctypes
+
+def transform(grid):
+    return ctypes.string_at(0)

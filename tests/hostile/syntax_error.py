@@ -1,0 +1,3 @@
+# expect: error
+def transform(grid)
+    return grid

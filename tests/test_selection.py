@@ -1,0 +1,52 @@
+"""Answer selection (SPEC section 4) on hand-made candidate lists."""
+
+from __future__ import annotations
+
+from submission.grids import EMPTY_ANSWER
+from submission.selection import Candidate, Source, rank, select
+
+A, B, C, D = ((1,),), ((2,),), ((3,),), ((4,),)
+G, P, T = Source.GRID, Source.PROGRAM, Source.TRANSFERRED
+
+
+def cands(*pairs):
+    return [Candidate(grid, source, i) for i, (grid, source) in enumerate(pairs)]
+
+
+def test_empty_and_single_fill_with_zero_grid():
+    assert select([]) == (EMPTY_ANSWER, EMPTY_ANSWER)
+    assert select(cands((A, G))) == (A, EMPTY_ANSWER)
+
+
+def test_two_votes_beat_a_program():
+    assert select(cands((A, G), (B, P), (A, G))) == (A, B)
+
+
+def test_program_beats_single_grids():
+    assert select(cands((A, G), (B, G), (C, P))) == (C, A)
+
+
+def test_grids_by_votes_then_first_seen():
+    assert select(cands((A, G), (B, G), (B, G), (C, G), (C, G), (C, G))) == (C, B)
+    assert select(cands((A, G), (B, G))) == (A, B)
+
+
+def test_program_and_grid_agreeing_vote_together():
+    ranked = rank(cands((A, G), (B, G), (B, P)))
+    assert ranked[0].grid == B and ranked[0].votes == 2 and ranked[0].from_program
+
+
+def test_transferred_votes_when_no_own_program():
+    assert select(cands((A, G), (B, G), (B, T))) == (B, A)
+    assert select(cands((A, G), (C, T))) == (A, C)
+
+
+def test_transferred_ranks_after_grids_when_own_program():
+    # With its own program, the input's grids come before any transferred output, which does not vote.
+    assert select(cands((A, P), (B, G), (C, T), (C, T))) == (A, B)
+    assert [r.grid for r in rank(cands((A, P), (B, G), (C, T)))] == [A, B, C]
+
+
+def test_duplicates_never_fill_both_attempts():
+    first, second = select(cands((A, G), (A, G), (A, P)))
+    assert first == A and second == EMPTY_ANSWER
