@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -228,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with Sandbox(SandboxLimits(args.cpu_s, args.memory_mb, args.wall_s)) as box:
         result = box.check(program, tasks.tasks[0])
-        print(json.dumps({"task": tasks.tasks[0].id, "layers": box.layers, **result.to_json()}, indent=1))
+        report = json.dumps({"task": tasks.tasks[0].id, "layers": box.layers, **result.to_json()}, indent=1)
+        print(re.sub(r"\[\s+([\d,\s]+?)\s+\]", lambda m: "[" + "".join(m.group(1).split()).replace(",", ", ") + "]", report))
     return 0
 
 

@@ -47,3 +47,16 @@ def test_unlabelled_test_inputs_are_produced_not_judged(box, arc_data):
     hidden = type(task)(task.id, task.train, task.test_inputs, None)
     result = box.check(next(p for p in RIGHT if p.stem == "3c9b0459").read_text(), hidden)
     assert result.test[0].status is Status.PRODUCED and result.test[0].output == task.test_outputs[0]
+
+
+def test_cli_prints_a_json_report(arc_data):
+    import json
+    import subprocess
+    import sys
+
+    program = next(p for p in RIGHT if p.stem == "74dd1130")
+    out = subprocess.run([sys.executable, "-m", "submission.sandbox", "--program", str(program), "--task",
+                          str(arc_data / "arc-agi-2" / "training" / "74dd1130.json")],
+                         cwd=Path(__file__).parents[1], capture_output=True, text=True, check=True).stdout
+    report = json.loads(out)
+    assert report["train_perfect"] and report["test"][0]["status"] == "right" and "seccomp" in report["layers"]
