@@ -1,0 +1,102 @@
+"""Attempt records and the attempt log (JSONL): what the solver writes, `--resume` reads and the simulator replays.
+
+One record per finished attempt (SPEC section 2): which input and attempt, level, view, seed, cap, how thinking ended,
+the grid (or why none), the program and its check, times and token counts. The log is appended one line per record,
+flushed and fsynced, so a kill loses at most the line being written; a torn last line is ignored on reading.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from submission.grids import Grid, to_grid, to_json
+from submission.schedule import Level, Outcome
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    task_id: str
+    test_index: int
+    attempt: int
+    level: Level
+    seed: int
+    cap: int
+    view: dict = field(default_factory=dict)  # View.to_json()
+    natural: bool = False  # thinking ended with </think> before the cap
+    thinking_tokens: int = 0
+    answer_tokens: int = 0  # grid + cue + program + end of turn
+    prompt_tokens: int = 0
+    grid: Grid | None = None
+    parse_error: str | None = None  # why there is no grid
+    program: str | None = None
+    train_perfect: bool = False
+    demos_right: int = 0
+    program_outputs: tuple[Grid | None, ...] = ()  # the program's output on each test input of the task
+    started_s: float = 0.0  # seconds since the run started
+    finished_s: float = 0.0
+    aborted: bool = False  # stopped by the hard stop or an engine failure
+
+    @property
+    def tokens(self) -> int:
+        return self.thinking_tokens + self.answer_tokens
+
+    def outcome(self) -> Outcome:
+        return Outcome(self.task_id, self.test_index, self.attempt, self.level, self.natural, self.grid,
+                       self.thinking_tokens, self.train_perfect, self.demos_right)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["level"] = int(self.level)
+        out["grid"] = to_json(self.grid) if self.grid is not None else None
+        out["program_outputs"] = [to_json(g) if g is not None else None for g in self.program_outputs]
+        return out
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> AttemptRecord:
+        known = {f.name for f in fields(cls)}
+        unknown = set(raw) - known
+        if unknown:
+            raise ValueError(f"attempt record: unknown fields {sorted(unknown)}")
+        values = dict(raw)
+        values["level"] = Level(raw["level"])
+        values["grid"] = to_grid(raw["grid"]) if raw.get("grid") is not None else None
+        values["program_outputs"] = tuple(to_grid(g) if g is not None else None for g in raw.get("program_outputs", []))
+        return cls(**values)
+
+
+class AttemptLog:
+    """Append-only JSONL of attempt records, fsynced after every line."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
+
+    def append(self, record: AttemptRecord) -> None:
+        self._file.write(json.dumps(record.to_json(), separators=(",", ":")) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_log(path: str | Path) -> list[AttemptRecord]:
+    """Every whole record in a log. A torn last line (a kill mid-write) is skipped; a bad line elsewhere raises with
+    the file and line number."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").split("\n")
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(AttemptRecord.from_json(json.loads(line)))
+        except (ValueError, KeyError, TypeError) as err:
+            if number == len(lines):
+                break  # a last line without its newline was cut by a kill
+            raise ValueError(f"{path}:{number}: bad attempt record: {err}") from None
+    return records

@@ -1,0 +1,257 @@
+"""The deadline-aware schedule (SPEC section 5): a queue with levels, as a pure policy driven by the caller's clock.
+
+The solver (real engine, wall clock) and the simulator (replay engine, simulated clock) run this same code; it does
+no I/O and never reads a clock: every method takes `now`, seconds since the run started.
+
+Levels, lowest popped first:
+- L0: attempt 1 of every test input, plain view; cap `cap_first_single` for single-input tasks, else `cap_first_multi`.
+  Inputs with shorter prompts go first.
+- L1: attempt 2, demonstrations reordered, queued when the input's first attempt finishes (it never waits for all first
+  attempts). Promotion: a single-input task whose first attempt ended naturally with a grid in fewer than
+  `promote_below_thinking` thinking tokens, with no train-perfect program, gets its second attempt ahead of the
+  unstarted first attempts.
+- L2: repair turns (caps `repair_caps`, one after another) once both attempts are in, only if no program of the task is
+  train-perfect and one reproduces at least one demonstration; started only `repair_min_left_s` before the hard stop.
+- L3: one extra attempt once both attempts are in, only if no program is train-perfect and the two grids differ;
+  started only `extra_min_left_s` before the hard stop.
+Every request's cap is min(level cap, rate * (hard_stop - now - cap_margin_s) - cap_margin_tokens); a request whose
+cap falls under `min_cap` is dropped. No request starts after `time_limit_s - stop_new_margin_s`; the driver aborts
+what is still running at the hard stop (`time_limit_s - hard_stop_margin_s`). At most `max_in_flight` run at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from submission.grids import Grid
+
+
+class Level(IntEnum):
+    FIRST = 0
+    SECOND = 1
+    REPAIR = 2
+    EXTRA = 3
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """Every number of SPEC section 5, with the study's MoE defaults; profiles override them."""
+
+    time_limit_s: float = 12 * 3600  # the competition's wall-clock limit L
+    hard_stop_margin_s: float = 7 * 60  # the run ends (in-flight requests aborted) this long before L
+    stop_new_margin_s: float = 15 * 60  # no request starts within this of L
+    rate_tok_s: float = 8.0  # per-stream decode rate r used by the cap formula
+    cap_margin_s: float = 240.0  # seconds kept free before the hard stop in the cap formula
+    cap_margin_tokens: int = 3000  # tokens kept free (answer, program) in the cap formula
+    min_cap: int = 4000  # a request whose cap falls below this is dropped
+    cap_first_single: int = 96_000  # L0 cap for tasks with one test input
+    cap_first_multi: int = 64_000  # L0 cap for tasks with several test inputs
+    cap_second: int = 48_000  # L1 cap
+    repair_caps: tuple[int, ...] = (24_000, 16_000)  # L2 caps, one repair turn each
+    cap_extra: int = 32_000  # L3 cap
+    promote_below_thinking: int = 40_000  # promotion threshold on the first attempt's thinking tokens
+    repair_min_left_s: float = 30 * 60  # L2 starts only this long before the hard stop or earlier
+    extra_min_left_s: float = 35 * 60  # L3 likewise
+    max_in_flight: int = 56  # requests in flight; the engine's KV cache decides how many actually run
+
+    def __post_init__(self) -> None:
+        if self.hard_stop_margin_s > self.stop_new_margin_s:
+            raise ValueError("schedule: hard_stop_margin_s must not exceed stop_new_margin_s")
+        if self.rate_tok_s <= 0 or self.max_in_flight < 1 or self.min_cap < 1:
+            raise ValueError("schedule: rate_tok_s, max_in_flight and min_cap must be positive")
+
+    @property
+    def hard_stop(self) -> float:
+        return self.time_limit_s - self.hard_stop_margin_s
+
+    @property
+    def stop_new(self) -> float:
+        return self.time_limit_s - self.stop_new_margin_s
+
+    def cap(self, level_cap: int, now: float) -> int:
+        """The level cap shrunk so the request can finish before the hard stop at the per-stream rate."""
+        return int(min(level_cap, self.rate_tok_s * (self.hard_stop - now - self.cap_margin_s) - self.cap_margin_tokens))
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    """What the schedule knows of a test input before any attempt: its size and its task's number of test inputs."""
+
+    task_id: str
+    test_index: int
+    prompt_tokens: int
+    task_inputs: int
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.task_id, self.test_index
+
+
+@dataclass(frozen=True)
+class Request:
+    """One attempt to start now. `attempt` numbers an input's attempts from 1; `seed` is stable across runs."""
+
+    task_id: str
+    test_index: int
+    attempt: int
+    level: Level
+    cap: int
+    seed: int
+    repair_turn: int = 0  # 1, 2, ... for L2 requests
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.task_id, self.test_index
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the schedule needs to know of a finished attempt (the full record lives in submission.attempts)."""
+
+    task_id: str
+    test_index: int
+    attempt: int
+    level: Level
+    natural: bool  # thinking ended with </think> before the cap
+    grid: Grid | None  # the direct answer grid (None: none parsed, or aborted)
+    thinking_tokens: int
+    train_perfect: bool  # the attempt's program reproduced every demonstration
+    demos_right: int  # demonstrations its program reproduced
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.task_id, self.test_index
+
+
+def stable_seed(task_id: str, test_index: int, attempt: int, tag: str = "") -> int:
+    """A seed from (task, test input, attempt, tag) that is the same on every machine and Python version."""
+    digest = hashlib.sha256(f"{task_id}/{test_index}/{attempt}/{tag}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+@dataclass
+class _InputState:
+    info: InputInfo
+    finished: list[Outcome] = field(default_factory=list)
+    attempts_issued: int = 0
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A queued attempt dropped because its cap fell below min_cap (reported by the driver's summary)."""
+
+    task_id: str
+    test_index: int
+    level: Level
+    cap: int
+
+
+class Scheduler:
+    """The queue with levels. Feed it `now` and finished outcomes; it hands out requests. No I/O, no clock."""
+
+    def __init__(self, config: ScheduleConfig, inputs: list[InputInfo]):
+        self.config = config
+        self.inputs = {i.key: _InputState(i) for i in inputs}
+        if len(self.inputs) != len(inputs):
+            raise ValueError("schedule: duplicate test inputs")
+        self._order = itertools.count()
+        self._queue: list[tuple[tuple, tuple[str, int], Level, int]] = []  # (priority, key, level, repair turn)
+        self.in_flight: dict[tuple[str, int, int], Request] = {}
+        self.skipped: list[Skip] = []
+        self.task_perfect: set[str] = set()  # tasks with a train-perfect program (found on any of their inputs)
+        for info in sorted(inputs, key=lambda i: (i.prompt_tokens, i.task_id, i.test_index)):
+            self._push((int(Level.FIRST), 1, next(self._order)), info.key, Level.FIRST)
+
+    def _push(self, priority: tuple, key: tuple[str, int], level: Level, turn: int = 0) -> None:
+        heapq.heappush(self._queue, (priority, key, level, turn))
+
+    def _level_cap(self, state: _InputState, level: Level, turn: int) -> int:
+        c = self.config
+        if level is Level.FIRST:
+            return c.cap_first_single if state.info.task_inputs == 1 else c.cap_first_multi
+        if level is Level.SECOND:
+            return c.cap_second
+        if level is Level.REPAIR:
+            return c.repair_caps[turn - 1]
+        return c.cap_extra
+
+    def _allowed(self, level: Level, now: float) -> bool:
+        left = self.config.hard_stop - now
+        if level is Level.REPAIR:
+            return left >= self.config.repair_min_left_s
+        if level is Level.EXTRA:
+            return left >= self.config.extra_min_left_s
+        return True
+
+    def next(self, now: float) -> Request | None:
+        """The request to start at `now`, or None: the in-flight bound is reached, the queue is empty, or it is too
+        late. Call it repeatedly until None after every event. None with nothing in flight means the run is over:
+        time only moves on, caps only shrink and late levels only become less allowed."""
+        if now > self.config.stop_new or len(self.in_flight) >= self.config.max_in_flight:
+            return None
+        deferred = []
+        request = None
+        while self._queue:
+            entry = heapq.heappop(self._queue)
+            _, key, level, turn = entry
+            if not self._allowed(level, now):
+                deferred.append(entry)  # too late for this level now, and it only gets later: kept for the record
+                continue
+            state = self.inputs[key]
+            cap = self.config.cap(self._level_cap(state, level, turn), now)
+            if cap < self.config.min_cap:
+                self.skipped.append(Skip(key[0], key[1], level, cap))
+                continue
+            state.attempts_issued += 1
+            attempt = state.attempts_issued
+            request = Request(key[0], key[1], attempt, level, cap, stable_seed(key[0], key[1], attempt), turn)
+            self.in_flight[(key[0], key[1], attempt)] = request
+            break
+        for entry in deferred:
+            heapq.heappush(self._queue, entry)
+        return request
+
+    def on_finished(self, now: float, outcome: Outcome) -> None:
+        """Record a finished attempt and queue what it makes possible."""
+        request = self.in_flight.pop((outcome.task_id, outcome.test_index, outcome.attempt))
+        state = self.inputs[outcome.key]
+        state.finished.append(outcome)
+        if outcome.train_perfect:
+            self.task_perfect.add(outcome.task_id)
+        levels = [o.level for o in state.finished]
+        if request.level is Level.FIRST:
+            self._push(self._second_priority(state, outcome), outcome.key, Level.SECOND)
+        if request.level in (Level.FIRST, Level.SECOND) and Level.FIRST in levels and Level.SECOND in levels:
+            self._queue_followups(state, next_repair=1, extra=True)  # both attempts are in
+        elif request.level is Level.REPAIR and request.repair_turn < len(self.config.repair_caps):
+            self._queue_followups(state, next_repair=request.repair_turn + 1, extra=False)
+
+    def _second_priority(self, state: _InputState, first: Outcome) -> tuple:
+        promote = (state.info.task_inputs == 1 and first.natural and first.grid is not None
+                   and first.thinking_tokens < self.config.promote_below_thinking
+                   and first.task_id not in self.task_perfect)
+        # Promoted second attempts sort before every unstarted first attempt (level 0, rank 0 < 1).
+        return (int(Level.FIRST), 0, next(self._order)) if promote else (int(Level.SECOND), 0, next(self._order))
+
+    def _queue_followups(self, state: _InputState, next_repair: int, extra: bool) -> None:
+        """Queue repair turn `next_repair` and (once) the extra attempt, when their conditions hold."""
+        if state.info.task_id in self.task_perfect:
+            return
+        if max(o.demos_right for o in state.finished) >= 1:
+            self._push((int(Level.REPAIR), 0, next(self._order)), state.info.key, Level.REPAIR, next_repair)
+        grids = {o.grid for o in state.finished if o.level in (Level.FIRST, Level.SECOND)}
+        if extra and len(grids) == 2 and None not in grids:
+            self._push((int(Level.EXTRA), 0, next(self._order)), state.info.key, Level.EXTRA)
+
+    def abort_all(self) -> list[Request]:
+        """At the hard stop: everything in flight, for the driver to abort (their outcomes are not needed)."""
+        aborted = list(self.in_flight.values())
+        self.in_flight.clear()
+        return aborted
+
+    def pending(self) -> int:
+        return len(self._queue)

@@ -1,0 +1,198 @@
+"""The schedule's policy on a simulated clock: deadlines, levels, promotion, follow-ups and caps."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from sim.events import simulate
+from submission.attempts import AttemptRecord
+from submission.schedule import InputInfo, Level, Outcome, Request, ScheduleConfig, Scheduler, stable_seed
+
+G1, G2 = ((1,),), ((2,),)
+
+
+def inputs_for(rng: random.Random, n_tasks: int) -> list[InputInfo]:
+    out = []
+    for t in range(n_tasks):
+        count = rng.choice([1, 1, 1, 2, 2, 3, 4])
+        out += [InputInfo(f"t{t:03d}", i, rng.randint(500, 12_000), count) for i in range(count)]
+    return out
+
+
+def random_serve(rng: random.Random, config: ScheduleConfig, slow: float = 1.0):
+    """Thinking lengths up to the cap (natural or forced), durations at the per-stream rate times a random factor
+    up to `slow` (slow > 1: streams slower than the rate the caps assume)."""
+    def serve(request: Request, now: float):
+        thinking = rng.randint(1_000, request.cap) if rng.random() < 0.7 else request.cap
+        natural = thinking < request.cap
+        answer = rng.randint(50, 3_000)
+        duration = (thinking + answer) / config.rate_tok_s * rng.uniform(0.2, slow)
+        grid = rng.choice([G1, G2, None]) if natural else rng.choice([G1, None])
+        perfect = rng.random() < 0.05
+        record = AttemptRecord(request.task_id, request.test_index, request.attempt, request.level, request.seed,
+                               request.cap, natural=natural, thinking_tokens=thinking, answer_tokens=answer,
+                               grid=grid, train_perfect=perfect, demos_right=rng.randint(0, 3),
+                               started_s=now, finished_s=now + duration)
+        return duration, record
+    return serve
+
+
+@pytest.mark.parametrize("slow", [1.0, 3.0])
+def test_no_request_after_the_stop_margin_and_the_run_ends_by_the_hard_stop(slow):
+    for seed in range(40):
+        rng = random.Random(seed)
+        config = ScheduleConfig(max_in_flight=rng.choice([4, 16, 56]), rate_tok_s=rng.choice([8.0, 15.0, 200.0]))
+        run = simulate(Scheduler(config, inputs_for(rng, 240)), random_serve(rng, config, slow))
+        assert all(start <= config.stop_new for start, _ in run.started)
+        assert run.end_s <= config.hard_stop
+        assert all(config.min_cap <= r.cap for _, r in run.started)
+        for start, r in run.started:
+            assert r.cap <= config.rate_tok_s * (config.hard_stop - start - config.cap_margin_s) - config.cap_margin_tokens
+        if slow == 1.0:  # streams as fast as the caps assume: nothing is cut off by the hard stop
+            assert not run.aborted
+
+
+def test_in_flight_bound():
+    rng = random.Random(3)
+    config = ScheduleConfig(max_in_flight=5)
+    scheduler = Scheduler(config, inputs_for(rng, 30))
+    serve = random_serve(rng, config)
+    running = []
+    for _ in range(10):
+        while (request := scheduler.next(0.0)) is not None:
+            running.append(request)
+        assert len(scheduler.in_flight) <= 5
+        done = running.pop(0)
+        scheduler.on_finished(1.0, serve(done, 0.0)[1].outcome())
+
+
+def test_unlimited_throughput_gives_every_input_both_attempts():
+    rng = random.Random(7)
+    config = ScheduleConfig(rate_tok_s=1e9, max_in_flight=8)
+    inputs = inputs_for(rng, 80)
+    run = simulate(Scheduler(config, inputs), random_serve(rng, config))
+    levels = {(r.task_id, r.test_index): set() for r in run.finished}
+    for r in run.finished:
+        levels[(r.task_id, r.test_index)].add(r.level)
+    assert len(levels) == len(inputs)
+    assert all({Level.FIRST, Level.SECOND} <= got for got in levels.values())
+
+
+def outcome(request: Request, natural=True, grid=G1, thinking=10_000, perfect=False, demos=0) -> Outcome:
+    return Outcome(request.task_id, request.test_index, request.attempt, request.level, natural, grid, thinking,
+                   perfect, demos)
+
+
+def drain(scheduler: Scheduler, now: float = 0.0) -> list[Request]:
+    out = []
+    while (request := scheduler.next(now)) is not None:
+        out.append(request)
+    return out
+
+
+def test_first_attempts_go_first_shortest_prompt_first():
+    infos = [InputInfo("long", 0, 9_000, 2), InputInfo("long", 1, 9_500, 2), InputInfo("short", 0, 1_000, 1)]
+    scheduler = Scheduler(ScheduleConfig(max_in_flight=1), infos)
+    first = scheduler.next(0.0)
+    assert (first.task_id, first.level, first.cap) == ("short", Level.FIRST, 96_000)
+    scheduler.on_finished(1.0, outcome(first, thinking=50_000))  # not promotable: thinking too long
+    second = scheduler.next(1.0)
+    assert (second.task_id, second.level, second.cap) == ("long", Level.FIRST, 64_000)
+
+
+def test_promotion_puts_a_quick_natural_second_attempt_before_unstarted_first_attempts():
+    infos = [InputInfo("a", 0, 1_000, 1), InputInfo("b", 0, 2_000, 1), InputInfo("c", 0, 3_000, 1)]
+    scheduler = Scheduler(ScheduleConfig(max_in_flight=1), infos)
+    a1 = scheduler.next(0.0)
+    scheduler.on_finished(1.0, outcome(a1, natural=True, thinking=20_000))
+    a2 = scheduler.next(1.0)
+    assert (a2.task_id, a2.level, a2.attempt) == ("a", Level.SECOND, 2)
+
+
+@pytest.mark.parametrize("change", [dict(natural=False), dict(grid=None), dict(thinking=45_000),
+                                    dict(perfect=True)])
+def test_no_promotion_otherwise(change):
+    infos = [InputInfo("a", 0, 1_000, 1), InputInfo("b", 0, 2_000, 1)]
+    scheduler = Scheduler(ScheduleConfig(max_in_flight=1), infos)
+    a1 = scheduler.next(0.0)
+    scheduler.on_finished(1.0, outcome(a1, **change))
+    assert scheduler.next(1.0).task_id == "b"
+
+
+def test_multi_input_tasks_are_never_promoted():
+    infos = [InputInfo("a", 0, 1_000, 2), InputInfo("a", 1, 1_100, 2), InputInfo("b", 0, 2_000, 1)]
+    scheduler = Scheduler(ScheduleConfig(max_in_flight=1), infos)
+    a1 = scheduler.next(0.0)
+    scheduler.on_finished(1.0, outcome(a1, thinking=1_000))
+    assert scheduler.next(1.0).level is Level.FIRST
+
+
+def both_attempts(scheduler: Scheduler, first: dict, second: dict) -> None:
+    r1 = scheduler.next(0.0)
+    scheduler.on_finished(1.0, outcome(r1, **first))
+    r2 = scheduler.next(1.0)
+    assert r2.level is Level.SECOND
+    scheduler.on_finished(2.0, outcome(r2, **second))
+
+
+def test_repair_then_extra_when_no_program_is_perfect_and_grids_differ():
+    scheduler = Scheduler(ScheduleConfig(max_in_flight=1), [InputInfo("a", 0, 1_000, 1)])
+    both_attempts(scheduler, dict(grid=G1, demos=1, thinking=50_000), dict(grid=G2, demos=0))
+    repair = scheduler.next(3.0)
+    assert (repair.level, repair.repair_turn, repair.cap) == (Level.REPAIR, 1, 24_000)
+    scheduler.on_finished(4.0, outcome(repair, demos=2))
+    repair2 = scheduler.next(4.0)
+    assert (repair2.level, repair2.repair_turn, repair2.cap) == (Level.REPAIR, 2, 16_000)
+    scheduler.on_finished(5.0, outcome(repair2, demos=2))
+    extra = scheduler.next(5.0)
+    assert (extra.level, extra.cap) == (Level.EXTRA, 32_000)
+    scheduler.on_finished(6.0, outcome(extra))
+    assert scheduler.next(6.0) is None and not scheduler.in_flight
+
+
+@pytest.mark.parametrize("first, second", [
+    (dict(grid=G1, demos=0), dict(grid=G1, demos=0)),  # nothing reproduces a demonstration, grids agree
+    (dict(grid=G1, demos=3, perfect=True, thinking=50_000), dict(grid=G2, demos=1)),  # a perfect program exists
+])
+def test_no_followups(first, second):
+    scheduler = Scheduler(ScheduleConfig(max_in_flight=1), [InputInfo("a", 0, 1_000, 1)])
+    both_attempts(scheduler, first, second)
+    assert scheduler.next(3.0) is None
+
+
+def test_followups_respect_their_time_gates():
+    config = ScheduleConfig(max_in_flight=1)
+    scheduler = Scheduler(config, [InputInfo("a", 0, 1_000, 1)])
+    both_attempts(scheduler, dict(grid=G1, demos=1, thinking=50_000), dict(grid=G2))
+    late = config.hard_stop - config.repair_min_left_s + 1  # too late for repair and extra
+    assert scheduler.next(late) is None
+    between = config.hard_stop - config.extra_min_left_s + 1  # repair allowed, extra not
+    assert scheduler.next(between).level is Level.REPAIR
+
+
+def test_caps_shrink_near_the_end_and_tiny_caps_are_skipped():
+    config = ScheduleConfig(max_in_flight=4)
+    infos = [InputInfo(t, 0, 1_000, 1) for t in "abcd"]
+    scheduler = Scheduler(config, infos)
+    now = config.hard_stop - config.cap_margin_s - (10_000 + config.cap_margin_tokens) / config.rate_tok_s
+    request = scheduler.next(now)
+    assert request.cap == 10_000
+    too_late = config.hard_stop - config.cap_margin_s - (3_999 + config.cap_margin_tokens) / config.rate_tok_s
+    assert scheduler.next(min(too_late, config.stop_new)) is None
+    assert len(scheduler.skipped) == 3 and all(s.cap < 4_000 for s in scheduler.skipped)
+
+
+def test_stable_seeds():
+    assert stable_seed("abc", 0, 1) == stable_seed("abc", 0, 1) != stable_seed("abc", 0, 2)
+    assert stable_seed("abc", 0, 1) == 979831218  # sha256("abc/0/1/"), fixed across machines and Python versions
+
+
+def test_bad_config_is_refused():
+    with pytest.raises(ValueError, match="hard_stop_margin_s"):
+        ScheduleConfig(hard_stop_margin_s=1000, stop_new_margin_s=900)
+    with pytest.raises(ValueError, match="duplicate"):
+        Scheduler(ScheduleConfig(), [InputInfo("a", 0, 1, 1)] * 2)
+    assert replace(ScheduleConfig(), rate_tok_s=15.0).rate_tok_s == 15.0
