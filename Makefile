@@ -8,15 +8,29 @@ PYVER     := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[
 REQHASH   := $(shell cat requirements/core.txt | sha256sum | cut -c1-12)
 VENV      ?= $(KIT_CACHE)/venv-core-py$(PYVER)-$(REQHASH)
 PY        := $(VENV)/bin/python
+# The engine environment (torch, transformers, vLLM's CPU build): tests and demos that run a model.
+ENGHASH   := $(shell cat requirements/core.txt requirements/engine-cpu.txt | sha256sum | cut -c1-12)
+ENGINE_VENV ?= $(KIT_CACHE)/venv-engine-cpu-py$(PYVER)-$(ENGHASH)
+EPY       := $(ENGINE_VENV)/bin/python
 export ARC_DATA
 
-.PHONY: env test demo bench clean
+.PHONY: env engine-env test demo bench clean
 
 env: $(VENV)/.installed
 
 $(VENV)/.installed: requirements/core.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/core.txt
+	touch $@
+
+engine-env: $(ENGINE_VENV)/.installed
+
+# torch first, alone: with no torch installed, a dependency asking for a torch range could pull a CUDA build.
+$(ENGINE_VENV)/.installed: requirements/core.txt requirements/engine-cpu.txt
+	$(PYTHON) -m venv $(ENGINE_VENV)
+	$(EPY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(EPY) -m pip install --quiet --disable-pip-version-check -r requirements/engine-cpu.txt
+	$(EPY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $@
 
 test: env

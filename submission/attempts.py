@@ -39,6 +39,7 @@ class AttemptRecord:
     started_s: float = 0.0  # seconds since the run started
     finished_s: float = 0.0
     aborted: bool = False  # stopped by the hard stop or an engine failure
+    finish: str = ""  # the engine's finish: "stop", "length", "aborted", "error: ..."
 
     @property
     def tokens(self) -> int:

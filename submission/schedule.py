@@ -247,6 +247,21 @@ class Scheduler:
         if extra and len(grids) == 2 and None not in grids:
             self._push((int(Level.EXTRA), 0, next(self._order)), state.info.key, Level.EXTRA)
 
+    def restore(self, outcome: Outcome) -> None:
+        """Replay a finished attempt from an earlier run's log (`--resume`) as if it had just run: its queue entry is
+        taken and what it makes possible is queued, so nothing finished is redone."""
+        state = self.inputs[outcome.key]
+        turn = 1 + sum(o.level is Level.REPAIR for o in state.finished) if outcome.level is Level.REPAIR else 0
+        for i, (_, key, level, entry_turn) in enumerate(self._queue):
+            if key == outcome.key and level is outcome.level and entry_turn == turn:
+                self._queue.pop(i)
+                heapq.heapify(self._queue)
+                break
+        state.attempts_issued = max(state.attempts_issued, outcome.attempt)
+        self.in_flight[(outcome.task_id, outcome.test_index, outcome.attempt)] = Request(
+            outcome.task_id, outcome.test_index, outcome.attempt, outcome.level, 0, 0, turn)
+        self.on_finished(0.0, outcome)
+
     def abort_all(self) -> list[Request]:
         """At the hard stop: everything in flight, for the driver to abort (their outcomes are not needed)."""
         aborted = list(self.in_flight.values())

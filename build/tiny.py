@@ -1,0 +1,126 @@
+"""Tiny random-weight checkpoints of the real architectures, with a tokenizer made here, for tests and demos.
+
+    python -m build.tiny --arch qwen3 --out DIR [--seed 0]
+
+No weights can be downloaded in this kit's environments, so every model path is exercised on these: the same config
+classes (Qwen3, Qwen3-MoE, Qwen3-Next), the same safetensors layout and the real special tokens (<|im_start|>,
+<|im_end|>, <think>, </think>, <|endoftext|>), with a Qwen3-style chat template whose generation prompt opens
+thinking. The tokenizer is a byte-level BPE trained on a small built-in corpus, digits split one per token as in
+Qwen's tokenizer. head_dim is 64 because vLLM's CPU attention rejects 16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + '\\n' }}"
+    "{%- if message.role == 'assistant' and message.reasoning_content is defined %}"
+    "{{- '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' }}"
+    "{%- endif %}"
+    "{{- message.content + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- else %}{{- '<think>\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+
+_CORPUS = """Find the common rule that maps each input grid to its output grid in the examples, then apply it to the
+test input. Answer with the output grid, one row per line, digits separated by spaces.
+Example Input Output Test input. Let me look at the grids. The rule seems to be: each cell becomes the colour of its
+neighbour, the object is moved, mirrored, rotated or copied. Considering the limited time by the user, I have to give
+the solution based on the thinking directly now. The transformation as a self-contained Python function:
+```python
+def transform(grid):
+    import numpy as np
+    a = np.array(grid)
+    h, w = a.shape
+    out = [[0] * w for _ in range(h)]
+    for r in range(h):
+        for c in range(w):
+            if grid[r][c] != 0:
+                out[r][c] = grid[r][c]
+    return out
+```
+"""
+
+
+def _corpus() -> list[str]:
+    rows = [" ".join(str((i * 7 + j * 3) % 10) for j in range(1 + i % 30)) for i in range(300)]
+    return [_CORPUS] * 20 + rows + [f"{h}x{w}" for h in range(1, 31) for w in range(1, 31)]
+
+
+def make_tokenizer(out: Path, vocab_size: int = 1024):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_corpus(), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=["<|im_start|>", "<think>", "</think>"])
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    return fast
+
+
+def make_config(arch: str, vocab_size: int, eos_id: int, pad_id: int):
+    from transformers import Qwen3Config, Qwen3MoeConfig, Qwen3NextConfig
+
+    common = dict(vocab_size=vocab_size, hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                  intermediate_size=256, num_hidden_layers=2, max_position_embeddings=8192,
+                  tie_word_embeddings=False, eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None)
+    if arch == "qwen3":
+        return Qwen3Config(**common)
+    if arch == "qwen3_moe":
+        return Qwen3MoeConfig(**common, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
+                              decoder_sparse_step=1)
+    if arch == "qwen3_next":
+        return Qwen3NextConfig(**common, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
+                               shared_expert_intermediate_size=64, decoder_sparse_step=1,
+                               full_attention_interval=2, linear_num_key_heads=2, linear_num_value_heads=2,
+                               linear_key_head_dim=32, linear_value_head_dim=32, linear_conv_kernel_dim=4)
+    raise ValueError(f"unknown architecture {arch!r}: qwen3, qwen3_moe or qwen3_next")
+
+
+def make_checkpoint(out: str | Path, arch: str = "qwen3", seed: int = 0) -> Path:
+    """Write a tokenizer and a random-weight model of `arch` to `out` (bf16 safetensors, like a real release)."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = make_tokenizer(out)
+    eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    torch.manual_seed(seed)
+    config = make_config(arch, len(tokenizer), eos_id, pad_id)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
+    model.save_pretrained(out)
+    (out / "tiny.json").write_text(json.dumps({"arch": arch, "seed": seed, "made_by": "build.tiny"}))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m build.tiny", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", default="qwen3", choices=["qwen3", "qwen3_moe", "qwen3_next"])
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    print(make_checkpoint(args.out, args.arch, args.seed))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Run profiles: one TOML file per profile, the whole truth of a run (STYLE 3).
+
+    [engine]   kind, model, parallelism, KV cache, sampling and phase settings  (EngineConfig)
+    [prompt]   rendering of tasks into the chat template                        (PromptConfig)
+    [schedule] every number of SPEC section 5                                   (submission.schedule.ScheduleConfig)
+    [sandbox]  program-check limits                                             (submission.sandbox.SandboxLimits)
+
+Unknown sections and keys are refused with the file, section and key; every field is documented where it is
+defined. `profiles/NAME.toml` holds the shipped profiles; the solver copies the one it ran into its output folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from submission.sandbox import SandboxLimits
+from submission.schedule import ScheduleConfig
+
+PROFILES = Path(__file__).resolve().parents[1] / "profiles"
+FORCED_CLOSE = "Considering the limited time by the user, I have to give the solution based on the thinking directly now."
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    kind: str = "hf"  # "hf" (transformers), "vllm" (in-process AsyncLLM) or "replay" (logged attempts)
+    model: str = ""  # checkpoint folder; --model overrides it
+    dtype: str = "bfloat16"
+    temperature: float = 0.6  # thinking (SPEC section 2)
+    top_p: float = 0.95
+    top_k: int = 20
+    answer_temperature: float = 0.3  # grid and program tokens
+    answer_max_tokens: int = 4000  # grid + cue + program + end of turn, on top of the thinking cap
+    program_max_tokens: int = 2000  # the program body; then the engine closes the code block itself
+    forced_close: str = FORCED_CLOSE  # said at the thinking cap before </think>
+    program_cue: str = "\n\nThe transformation as a self-contained Python function:\n```python\ndef transform(grid):"
+    max_num_seqs: int = 8  # requests decoded together (vLLM) / batch size (hf)
+    max_model_len: int = 0  # 0: prompt + largest cap + answer_max_tokens
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    kv_cache_dtype: str = "auto"  # "fp8" uses the checkpoint's k_scale / v_scale
+    kv_cache_memory_bytes: int = 0  # per GPU; 0: the engine's default share of memory
+    mtp_speculative_tokens: int = 0  # multi-token prediction draft length; 0 = off
+    stats_window_s: float = 10.0  # throughput statistics window (tokens generated, running requests)
+    replay_time_scale: float = 1.0  # replay engine: logged durations are multiplied by this (0 = instant)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("hf", "vllm", "replay"):
+            raise ValueError(f"engine.kind must be hf, vllm or replay, not {self.kind!r}")
+        # a 30x30 grid takes ~1,830 tokens (digits, spaces, newlines); the cue and the closing fence ~40 more
+        if self.answer_max_tokens < 1900 + self.program_max_tokens:
+            raise ValueError("engine.answer_max_tokens must leave room for a 30x30 grid (1,900 tokens) plus "
+                             f"program_max_tokens ({self.program_max_tokens})")
+
+
+@dataclass(frozen=True)
+class PromptConfig:
+    reasoning_effort: str = ""  # passed to chat templates that take one (e.g. "xhigh"); "" = not passed
+    system: str = ""  # optional system message
+    instruction: str = (
+        "Find the common rule that maps each input grid to its output grid in the examples, then apply it to the "
+        "test input. Answer with the output grid, one row per line, digits separated by spaces.")
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str = "default"
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    sandbox: SandboxLimits = field(default_factory=SandboxLimits)
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used; the message names the file, the section and the key."""
+
+
+def _build(cls: type, table: Any, where: str) -> Any:
+    if not isinstance(table, dict):
+        raise ProfileError(f"{where}: expected a table, got {type(table).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - names)
+    if unknown:
+        raise ProfileError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+    values = {}
+    for key, value in table.items():
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            values[key] = _build(hint, value, f"{where}.{key}")
+        elif typing.get_origin(hint) is tuple:
+            values[key] = tuple(value)
+        elif hint is float and isinstance(value, int) and not isinstance(value, bool):
+            values[key] = float(value)
+        elif isinstance(hint, type) and not isinstance(value, hint):
+            raise ProfileError(f"{where}.{key}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
+        else:
+            values[key] = value
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as err:
+        raise ProfileError(f"{where}: {err}") from None
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """A shipped profile by name (profiles/NAME.toml) or any TOML file by path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PROFILES / f"{name_or_path}.toml"
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as err:
+        known = ", ".join(sorted(p.stem for p in PROFILES.glob("*.toml")))
+        raise ProfileError(f"{path}: cannot read ({err.strerror}); shipped profiles: {known}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ProfileError(f"{path}: not valid TOML: {err}") from None
+    raw.setdefault("name", path.stem)
+    return _build(Profile, raw, str(path))
+
+
+def profile_to_toml(profile: Profile) -> str:
+    """The profile as TOML (for the copy in a run's output folder): every value, defaults included."""
+    lines = [f'name = "{profile.name}"']
+    for section in ("engine", "prompt", "schedule", "sandbox"):
+        lines.append(f"\n[{section}]")
+        for key, value in dataclasses.asdict(getattr(profile, section)).items():
+            lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'

@@ -1,0 +1,84 @@
+"""The engine interface: one small async API that the solver drives, whatever generates the tokens.
+
+An engine takes one request per attempt (prompt token ids, thinking cap, seed) and runs all of its phases itself:
+THINK up to the cap, the forced-close sentence and `</think>` at the cap, the answer grammar at the answer temperature
+(submission.answer), end of turn. It returns a `Completion` with token counts and times; `abort` stops a request;
+`stats` gives per-window throughput (tokens generated, running requests), which `sim calibrate` fits.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: str  # "task_id/test_index/attempt": unique in a run, readable in logs
+    prompt_ids: tuple[int, ...]
+    thinking_cap: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class Completion:
+    request_id: str
+    text: str  # everything generated: thinking, the forced close if any, `</think>`, the answer
+    thinking_tokens: int  # tokens before `</think>` (the forced sentence counts as thinking)
+    answer_tokens: int  # tokens after `</think>`
+    natural: bool  # the model closed its thinking itself
+    finish: str  # "stop" (end of turn), "length" (answer limit), "aborted", "error: ..."
+    started: float  # time.monotonic() at submission and at the end
+    finished: float
+
+
+@dataclass(frozen=True)
+class StatsWindow:
+    start: float  # time.monotonic() of the window's start
+    seconds: float
+    tokens: int  # tokens generated in the window, all requests
+    running: float  # mean number of running requests in the window
+    prompt_tokens: int = 0  # prompt tokens prefilled in the window
+
+
+@dataclass
+class ThroughputMeter:
+    """Accumulates generated tokens and running requests into fixed windows (engines call `add`)."""
+
+    window_s: float = 10.0
+    windows: list[StatsWindow] = field(default_factory=list)
+    _start: float = field(default_factory=time.monotonic)
+    _tokens: int = 0
+    _prompt: int = 0
+    _running_area: float = 0.0
+    _last: float = field(default_factory=time.monotonic)
+    _running: int = 0
+
+    def add(self, tokens: int = 0, running: int | None = None, prompt_tokens: int = 0,
+            now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        while now >= self._start + self.window_s:
+            end = self._start + self.window_s
+            self._running_area += self._running * (end - self._last)
+            self.windows.append(StatsWindow(self._start, self.window_s, self._tokens,
+                                            self._running_area / self.window_s, self._prompt))
+            self._start, self._last, self._tokens, self._prompt, self._running_area = end, end, 0, 0, 0.0
+        self._running_area += self._running * (now - self._last)
+        self._last = now
+        self._tokens += tokens
+        self._prompt += prompt_tokens
+        if running is not None:
+            self._running = running
+
+
+class Engine(Protocol):
+    meter: ThroughputMeter
+
+    async def start(self) -> None: ...
+
+    async def generate(self, request: GenerationRequest) -> Completion: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,78 @@
+"""The answer grammar and parser, the prompt text, and run profiles (pure parts; no model)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from submission.answer import answer_grammar, parse_answer
+from submission.config import EngineConfig, ProfileError, load_profile, profile_to_toml
+from submission.prompt import grid_text, repair_text, task_text
+from submission.tasks import load_tasks
+from submission.views import reordered
+
+CUE = EngineConfig().program_cue
+
+
+def test_parse_a_complete_answer():
+    text = ("some thinking</think>\n\n1 2 3\n4 5 6\n" + CUE + "\n    return [row[::-1] for row in grid]\n```"
+            "<|im_end|>")
+    parsed = parse_answer(text)
+    assert parsed.grid == ((1, 2, 3), (4, 5, 6)) and parsed.error is None
+    assert parsed.program == "def transform(grid):\n    return [row[::-1] for row in grid]\n"
+
+
+def test_parse_failures_say_why():
+    assert parse_answer("</think>\nno grid here").error == "no grid rows after </think>"
+    assert "ragged" in parse_answer("</think>\n1 2\n3\n").error
+    assert parse_answer("</think>\n1 2\n").program is None
+
+
+def test_grammar_has_one_alternative_per_width_and_the_cue():
+    grammar = answer_grammar(CUE)
+    assert len(re.findall(r"^row\d+ ::=", grammar, re.M)) == 30
+    assert "```python\\ndef transform(grid):" in grammar
+    assert grammar.count("row30 ::= d" + ' " " d' * 29) == 1
+
+
+def test_prompt_is_row_wise_with_sizes(arc_data):
+    task = load_tasks(arc_data / "arc-agi-2" / "training" / "3c9b0459.json").tasks[0]
+    text = task_text(task, 0, load_profile("cpu-tiny").prompt)
+    assert "Example 4\nInput:\n3x3\n" in text and text.endswith("Test input:\n3x3\n" + grid_text(task.test_inputs[0]))
+    shifted = task_text(task, 0, load_profile("cpu-tiny").prompt, reordered(len(task.train)))
+    assert shifted != text and sorted(shifted.split("\n")) == sorted(text.split("\n"))
+
+
+def test_repair_text_lists_differences():
+    expected = ((1, 2), (3, 4))
+    text = repair_text("def transform(grid):\n    return grid\n",
+                       [(expected, expected, "right"), (expected, ((1, 2), (3, 5)), "wrong"),
+                        (expected, ((1,),), "wrong"), (expected, None, "ZeroDivisionError")])
+    assert "Example 1: correct." in text
+    assert "Example 2: 1 cells differ (row, column): (1,1) expected 4 got 5." in text
+    assert "Example 3: produced a 1x1 grid, expected 2x2." in text
+    assert "Example 4: no grid (ZeroDivisionError)." in text
+
+
+@pytest.mark.parametrize("name", ["cpu-tiny", "dense-27b-4xL4", "moe-4xL4"])
+def test_shipped_profiles_load_and_round_trip(name, tmp_path):
+    profile = load_profile(name)
+    copy = tmp_path / "copy.toml"
+    copy.write_text(profile_to_toml(profile))
+    assert load_profile(copy) == profile
+
+
+def test_profile_errors_name_file_section_and_key(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[schedule]\nrate_tok_s = 8.0\ncap_frist = 3\n")
+    with pytest.raises(ProfileError, match=r"bad.toml.schedule: unknown key\(s\) cap_frist"):
+        load_profile(bad)
+    bad.write_text("[engine]\nkind = 'tpu'\n")
+    with pytest.raises(ProfileError, match="engine.kind must be hf, vllm or replay"):
+        load_profile(bad)
+    bad.write_text("[sandbox]\ncpu_s = 'ten'\n")
+    with pytest.raises(ProfileError, match=r"sandbox.cpu_s: expected int"):
+        load_profile(bad)
+    with pytest.raises(ProfileError, match="shipped profiles: cpu-tiny"):
+        load_profile("no-such-profile")
