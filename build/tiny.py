@@ -6,7 +6,9 @@ No weights can be downloaded in this kit's environments, so every model path is 
 classes (Qwen3, Qwen3-MoE, Qwen3-Next), the same safetensors layout and the real special tokens (<|im_start|>,
 <|im_end|>, <think>, </think>, <|endoftext|>), with a Qwen3-style chat template whose generation prompt opens
 thinking. The tokenizer is a byte-level BPE trained on a small built-in corpus, digits split one per token as in
-Qwen's tokenizer. head_dim is 64 because vLLM's CPU attention rejects 16.
+Qwen's tokenizer. The output-head rows of <|im_end|> and <|endoftext|> are zeroed, the end-of-turn patch a real
+checkpoint gets from build/, so that (with top-k sampling) thinking is not cut short by an end of turn.
+head_dim is 64 because vLLM's CPU attention rejects 16.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def make_config(arch: str, vocab_size: int, eos_id: int, pad_id: int):
     from transformers import Qwen3Config, Qwen3MoeConfig, Qwen3NextConfig
 
     common = dict(vocab_size=vocab_size, hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
-                  intermediate_size=256, num_hidden_layers=2, max_position_embeddings=8192,
+                  intermediate_size=256, num_hidden_layers=2, max_position_embeddings=32768,
                   tie_word_embeddings=False, eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None)
     if arch == "qwen3":
         return Qwen3Config(**common)
@@ -107,6 +109,8 @@ def make_checkpoint(out: str | Path, arch: str = "qwen3", seed: int = 0) -> Path
     torch.manual_seed(seed)
     config = make_config(arch, len(tokenizer), eos_id, pad_id)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    with torch.no_grad():  # the end-of-turn patch a real checkpoint gets from build/ (SPEC section 2)
+        model.lm_head.weight[[eos_id, pad_id]] = 0
     model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
     model.save_pretrained(out)
     (out / "tiny.json").write_text(json.dumps({"arch": arch, "seed": seed, "made_by": "build.tiny"}))

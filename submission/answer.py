@@ -3,7 +3,8 @@
 Phases after thinking (SPEC section 2): GRID, a well-formed grid (1..30 rows of 1..30 digits separated by spaces, all
 rows the same length, each ending with a newline); CUE, the forced text that opens a code block with
 `def transform(grid):`; PROGRAM, the body, free until the closing code fence; then end of turn. The grammar holds the
-cue as a literal, so the engine forces it, and lets the body be anything without a code fence before the fence.
+cue as a literal, so the engine forces it, and lets the body be anything without a code fence, up to a length, before
+the fence.
 Equal row lengths are not context-free in general but are here: one alternative per width (30 of them).
 """
 
@@ -16,21 +17,36 @@ from submission.grids import MAX_SIDE, Grid, GridError, to_grid
 
 THINK_END = "</think>"
 FENCE = "```"
+# Chat-format tokens that must never appear inside the answer (the grammar sees them as plain text).
+CHAT_TOKENS = ("<think>", "</think>", "<|im_start|>", "<|endoftext|>")
+
+
+def forced_end(sentence: str) -> str:
+    """What every engine appends at the thinking cap; it ends exactly at `</think>` (text after it would be checked by
+    vLLM's grammar and rejected)."""
+    return f"\n{sentence}\n{THINK_END}"
+
+
+def banned_answer_ids(tokenizer) -> list[int]:
+    """Ids of CHAT_TOKENS in this tokenizer (end of turn stays allowed: the grammar admits it only at the end)."""
+    vocab = tokenizer.get_vocab()
+    return sorted(vocab[t] for t in CHAT_TOKENS if t in vocab and t != tokenizer.eos_token)
 
 
 def _ebnf_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def answer_grammar(program_cue: str) -> str:
-    """The EBNF (xgrammar's dialect, also GBNF) of everything after `</think>`."""
+def answer_grammar(program_cue: str, program_max_chars: int) -> str:
+    """The EBNF (xgrammar's dialect) of everything after `</think>`. The body's length is bounded in the grammar
+    itself (xgrammar compiles bounded repetition cheaply), so every engine closes the code block at the same point."""
     widths = " | ".join(f"grid{w}" for w in range(1, MAX_SIDE + 1))
     rules = [
         f"root ::= lead ({widths}) cue body",
         'lead ::= "\\n"{0,2}',
         f"cue ::= {_ebnf_string(program_cue)}",
         # the body: any text without three backticks in a row, then the closing fence
-        'body ::= ([^`] | "`" [^`] | "``" [^`])* "```"',
+        f'body ::= ([^`] | "`" [^`] | "``" [^`]){{0,{program_max_chars}}} "```"',
         "d ::= [0-9]",
     ]
     for w in range(1, MAX_SIDE + 1):

@@ -224,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     if not profile.engine.model:
         print(f"error: profile {profile.name}: engine.model is empty; pass --model DIR", file=sys.stderr)
         return 2
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
+        os.environ.setdefault(name, "1")  # the competition box has no network: never wait on a hub
     start_watchdog(profile.schedule.time_limit_s, profile.schedule.hard_stop)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     (args.out.parent / "profile.toml").write_text(profile_to_toml(profile))

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"missing from the submission: {len(report.missing_tasks)} tasks, e.g. {report.missing_tasks[:3]}")
     if report.extra_tasks:
         print(f"not in the solutions (ignored): {len(report.extra_tasks)} tasks")
-    problems = sum(len(t.problems) for t in report.tasks)
+    problems = sum(len(t.problems) for t in report.tasks if t.task_id not in report.missing_tasks)
     if problems:
         print(f"malformed entries: {problems} (see --json)")
     return 0

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# Never the network: models and tokenizers are local files made by the tests.
+for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
+    os.environ.setdefault(_name, "1")
 ARC_DATA = Path(os.environ.get("ARC_DATA", REPO.parent / "shared" / "arc-data"))
 
 

@@ -30,10 +30,11 @@ def test_parse_failures_say_why():
 
 
 def test_grammar_has_one_alternative_per_width_and_the_cue():
-    grammar = answer_grammar(CUE)
+    grammar = answer_grammar(CUE, 500)
     assert len(re.findall(r"^row\d+ ::=", grammar, re.M)) == 30
     assert "```python\\ndef transform(grid):" in grammar
     assert grammar.count("row30 ::= d" + ' " " d' * 29) == 1
+    assert '{0,500} "```"' in grammar
 
 
 def test_prompt_is_row_wise_with_sizes(arc_data):

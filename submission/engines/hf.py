@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from submission.answer import THINK_END, answer_grammar
+from submission.answer import THINK_END, answer_grammar, banned_answer_ids, forced_end
 from submission.config import EngineConfig
 from submission.engines.base import Completion, GenerationRequest, ThroughputMeter
 
@@ -39,8 +39,6 @@ class _Sequence:
     natural: bool = False
     finish: str = ""
     matcher: object = None
-    answer_text: str = ""  # decoded answer so far, to find where the program body starts
-    body_start: int = -1  # answer-token index where the body begins (after the cue)
 
 
 class HFEngine:
@@ -71,13 +69,16 @@ class HFEngine:
         self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype).to(self.device).eval()
         vocab = self.model.config.vocab_size
         info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=vocab)
-        self.grammar = xgr.GrammarCompiler(info).compile_grammar(answer_grammar(self.config.program_cue))
+        self.grammar = xgr.GrammarCompiler(info).compile_grammar(
+            answer_grammar(self.config.program_cue, self.config.program_max_chars))
         self.vocab = vocab
         self.think_end = self.tokenizer.convert_tokens_to_ids(THINK_END)
         self.eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
-        self.forced_ids = self.tokenizer.encode(self.config.forced_close + "\n", add_special_tokens=False)
-        self.fence_ids = self.tokenizer.encode("\n```", add_special_tokens=False)
+        self.forced_ids = self.tokenizer.encode(forced_end(self.config.forced_close), add_special_tokens=False)
+        self.banned = banned_answer_ids(self.tokenizer)
+        stop = self.model.generation_config.eos_token_id
+        self.stop_ids = set(stop if isinstance(stop, list) else [stop]) | {self.eos}
 
     async def generate(self, request: GenerationRequest) -> Completion:
         loop = asyncio.get_running_loop()
@@ -140,9 +141,9 @@ class HFEngine:
         if seq.request.request_id in self._aborted:
             seq.phase, seq.finish = DONE, "aborted"
             return self.pad
-        if seq.phase == THINK and seq.thinking >= seq.request.thinking_cap - len(self.forced_ids) - 1:
-            # the forced close counts as thinking: the cap is the whole budget before </think>
-            seq.phase, seq.forced = FORCE, list(self.forced_ids) + [self.think_end]
+        if seq.phase == THINK and seq.thinking >= seq.request.thinking_cap - len(self.forced_ids):
+            # the forced close counts as thinking: the cap is the whole budget up to </think>
+            seq.phase, seq.forced = FORCE, list(self.forced_ids)
         if seq.phase == FORCE:
             token = seq.forced.pop(0)
             seq.thinking += 1
@@ -154,25 +155,17 @@ class HFEngine:
             seq.thinking += 1
             if token == self.think_end:
                 seq.natural, seq.phase = True, ANSWER
+            elif token in self.stop_ids:  # end of turn inside thinking ends the request, as in vLLM
+                seq.phase, seq.finish = DONE, "stop"
             return token
         # ANSWER: every token under the grammar
         if seq.matcher is None:
             seq.matcher = self.xgr.GrammarMatcher(self.grammar)
-        if seq.forced:  # closing the code block at the program limit
-            token = seq.forced.pop(0)
-        elif seq.body_start >= 0 and seq.answer - seq.body_start >= self.config.program_max_tokens:
-            seq.forced = list(self.fence_ids) + [self.eos]
-            token = seq.forced.pop(0)
-        else:
-            token = self._sample_answer(seq, logits)
+        token = self._sample_answer(seq, logits)
         if not seq.matcher.accept_token(token):
-            seq.phase, seq.finish = DONE, "length"  # cannot happen with the grammar's body rule; never loop
+            seq.phase, seq.finish = DONE, "error: grammar rejected a masked token"  # never loop on it
             return token
         seq.answer += 1
-        if seq.body_start < 0:
-            seq.answer_text += self.tokenizer.decode([token])
-            if seq.answer_text.endswith("def transform(grid):"):
-                seq.body_start = seq.answer
         if seq.matcher.is_terminated():
             seq.phase, seq.finish = DONE, "stop"
         elif seq.answer >= self.config.answer_max_tokens:
@@ -184,6 +177,7 @@ class HFEngine:
         seq.matcher.fill_next_token_bitmask(mask)
         masked = logits.unsqueeze(0).clone()
         self.xgr.apply_token_bitmask_inplace(masked, mask)
+        masked[0, self.banned] = float("-inf")
         return self._sample(masked[0], self.config.answer_temperature, seq.generator)
 
     def _run_batch(self, sequences: list[_Sequence]) -> None:
@@ -212,7 +206,7 @@ class HFEngine:
                         step.append(self.pad)
                         continue
                     token = self._next_token(seq, logits[row])
-                    if seq.phase != DONE or seq.finish == "stop":
+                    if seq.finish != "aborted":
                         seq.tokens.append(token)
                     step.append(token)
                     if seq.phase == DONE:
