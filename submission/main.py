@@ -7,20 +7,22 @@
 margins count back from it. The answer file exists, complete, before the first request and is rewritten atomically
 after every attempt; every finished attempt is appended to the log (flushed and fsynced). `--resume` continues from
 the log: finished attempts are restored, never redone. A watchdog ends the process before the deadline whatever the
-engine does. If the engine fails three attempts in a row it is restarted once; the answers so far are always kept.
+engine does. An attempt the engine fails is retried once; if the engine dies it is restarted once and its running
+attempts go back to the queue; the answers so far are always kept.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -28,6 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from submission.answers import AnswerFile, render_submission
 from submission.attempts import AttemptLog, AttemptRecord, read_log
 from submission.config import Profile, ProfileError, load_profile, profile_to_toml
+from submission.engines.base import EngineDead
 from submission.prompt import render, task_text
 from submission.sandbox import Sandbox
 from submission.schedule import InputInfo, Scheduler
@@ -36,7 +39,6 @@ from submission.solve import Attempts, Candidates, request_id
 from submission.tasks import LoadError, TaskSet, load_tasks
 from submission.views import View
 
-ENGINE_FAILURES_BEFORE_RESTART = 3
 
 
 def make_engine(profile: Profile):
@@ -85,14 +87,29 @@ class Run:
         self.start = time.monotonic()
         self.stats: Counter = Counter()
         self.finished: list[AttemptRecord] = []
+        # the engine's per-window throughput (tokens, running requests), for `sim calibrate`
+        self.stats_path = Path(args.log).with_suffix(".stats.jsonl") if args.log else None
+        self._windows_written = 0
+
+    def flush_stats(self, engine) -> None:
+        if self.stats_path is None:
+            return
+        new = engine.meter.windows[self._windows_written:]
+        if new:
+            with open(self.stats_path, "a", encoding="utf-8") as f:
+                f.writelines(json.dumps({**asdict(w), "start": w.start - self.start}) + "\n" for w in new)
+            self._windows_written += len(new)
 
     def clock(self) -> float:
         return time.monotonic() - self.start
 
-    def record(self, scheduler: Scheduler, record: AttemptRecord, log: AttemptLog | None) -> None:
+    def record(self, scheduler: Scheduler, record: AttemptRecord, log: AttemptLog | None,
+               scheduled: bool = False) -> None:
+        """A finished attempt: logged, handed to the scheduler (unless it already knows), answers updated."""
         if log is not None:
             log.append(record)
-        scheduler.on_finished(self.clock(), record.outcome())
+        if not scheduled:
+            scheduler.on_finished(self.clock(), record.outcome())
         self.finished.append(record)
         for key in self.candidates.add(record):
             self.answers.update(key[0], key[1], self.candidates.answers(key))
@@ -133,7 +150,7 @@ class Run:
     async def loop(self, scheduler: Scheduler, attempts: Attempts, log: AttemptLog | None, n_inputs: int) -> None:
         hard_stop = scheduler.config.hard_stop
         running: dict[asyncio.Task, object] = {}
-        failures, restarted = 0, False
+        restarted = False
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, transient=False) as progress:
             bar = progress.add_task("inputs answered", total=n_inputs)
@@ -144,28 +161,48 @@ class Run:
                     break
                 done, _ = await asyncio.wait(running, timeout=max(hard_stop - self.clock(), 0),
                                              return_when=asyncio.FIRST_COMPLETED)
+                dead = False
                 for task in done:
                     request = running.pop(task)
                     try:
                         record = task.result()
-                        failures = 0 if not record.finish.startswith("error") else failures + 1
+                    except EngineDead:
+                        dead = True
+                        scheduler.on_failed(self.clock(), request)
+                        continue
                     except Exception as err:  # noqa: BLE001 - one attempt's failure never ends the run
-                        failures += 1
                         record = AttemptRecord(request.task_id, request.test_index, request.attempt, request.level,
                                                request.seed, request.cap, aborted=True,
                                                finish=f"error: {type(err).__name__}: {err}",
                                                started_s=self.clock(), finished_s=self.clock())
-                    self.record(scheduler, record, log)
-                if failures >= ENGINE_FAILURES_BEFORE_RESTART:
+                    if not record.finish.startswith("error"):
+                        self.record(scheduler, record, log)
+                        continue
+                    self.stats["failed attempts"] += 1
+                    if not scheduler.on_failed(self.clock(), request):  # failed twice: finished without answer
+                        self.record(scheduler, record, log, scheduled=True)
+                if dead:
                     if restarted:
-                        print("engine failed again after its restart: stopping with the answers so far",
+                        print("the engine died again after its restart: stopping with the answers so far",
                               file=sys.stderr)
                         break
-                    print(f"engine failed {failures} attempts in a row: restarting it", file=sys.stderr)
-                    restarted, failures = True, 0
-                    await attempts.engine.close()
+                    print("the engine died: restarting it once; its running attempts go back to the queue",
+                          file=sys.stderr)
+                    restarted = True
+                    self.stats["engine restarts"] += 1
+                    for task, request in running.items():
+                        task.cancel()
+                        scheduler.on_failed(self.clock(), request)
+                    running.clear()
+                    self.flush_stats(attempts.engine)
+                    try:
+                        await attempts.engine.close()
+                    except Exception as err:  # noqa: BLE001 - a dead engine may fail to close
+                        print(f"closing the dead engine: {type(err).__name__}: {err}", file=sys.stderr)
                     attempts.engine = make_engine(self.profile)
+                    self._windows_written = 0
                     await attempts.engine.start()
+                self.flush_stats(attempts.engine)
                 answered = sum(1 for key in self.candidates.by_input if self.candidates.by_input[key])
                 progress.update(bar, completed=answered, description=(
                     f"inputs answered | attempts {len(self.finished)} | in flight {len(running)}"))

@@ -163,6 +163,7 @@ class Scheduler:
         self.in_flight: dict[tuple[str, int, int], Request] = {}
         self.skipped: list[Skip] = []
         self.task_perfect: set[str] = set()  # tasks with a train-perfect program (found on any of their inputs)
+        self._retried: set[tuple] = set()  # requests the engine failed once (retried once)
         for info in sorted(inputs, key=lambda i: (i.prompt_tokens, i.task_id, i.test_index)):
             self._push((int(Level.FIRST), 1, next(self._order)), info.key, Level.FIRST)
 
@@ -246,6 +247,21 @@ class Scheduler:
         grids = {o.grid for o in state.finished if o.level in (Level.FIRST, Level.SECOND)}
         if extra and len(grids) == 2 and None not in grids:
             self._push((int(Level.EXTRA), 0, next(self._order)), state.info.key, Level.EXTRA)
+
+    def on_failed(self, now: float, request: Request) -> bool:
+        """An attempt the engine failed (no completion). The first time, it goes back to the head of its level and
+        True is returned; a second failure of the same request counts as a finished attempt without an answer
+        (False), so one request that always breaks the engine cannot stall its input."""
+        self.in_flight.pop((request.task_id, request.test_index, request.attempt))
+        ident = (request.key, request.level, request.repair_turn)
+        if ident not in self._retried:
+            self._retried.add(ident)
+            self._push((int(request.level), -1, next(self._order)), request.key, request.level, request.repair_turn)
+            return True
+        self.in_flight[(request.task_id, request.test_index, request.attempt)] = request
+        self.on_finished(now, Outcome(request.task_id, request.test_index, request.attempt, request.level, False,
+                                      None, 0, False, 0))
+        return False
 
     def restore(self, outcome: Outcome) -> None:
         """Replay a finished attempt from an earlier run's log (`--resume`) as if it had just run: its queue entry is

@@ -196,3 +196,25 @@ def test_bad_config_is_refused():
     with pytest.raises(ValueError, match="duplicate"):
         Scheduler(ScheduleConfig(), [InputInfo("a", 0, 1, 1)] * 2)
     assert replace(ScheduleConfig(), rate_tok_s=15.0).rate_tok_s == 15.0
+
+
+def test_a_failed_request_is_retried_once_then_counts_as_finished():
+    scheduler = Scheduler(ScheduleConfig(max_in_flight=1), [InputInfo("a", 0, 1_000, 1), InputInfo("b", 0, 2_000, 1)])
+    first = scheduler.next(0.0)
+    assert scheduler.on_failed(1.0, first) is True
+    again = scheduler.next(1.0)
+    assert (again.task_id, again.level, again.attempt) == ("a", Level.FIRST, 2)  # head of its level, new number
+    assert scheduler.on_failed(2.0, again) is False  # the second failure: finished without an answer
+    follow = scheduler.next(2.0)
+    assert follow.task_id == "b" and follow.level is Level.FIRST
+    scheduler.on_finished(3.0, outcome(follow, thinking=50_000))
+    levels = sorted((r.task_id, r.level) for r in drain_all(scheduler))
+    assert ("a", Level.SECOND) in levels  # the input moved on to its second attempt
+
+
+def drain_all(scheduler: Scheduler) -> list[Request]:
+    out = []
+    while (request := scheduler.next(4.0)) is not None:
+        out.append(request)
+        scheduler.on_finished(4.0, outcome(request, thinking=50_000))
+    return out

@@ -72,6 +72,10 @@ class ThroughputMeter:
             self._running = running
 
 
+class EngineDead(RuntimeError):
+    """The engine as a whole is gone (a crashed vLLM core, a dead worker thread): the solver restarts it once."""
+
+
 class Engine(Protocol):
     meter: ThroughputMeter
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from submission.answer import THINK_END, answer_grammar, banned_answer_ids, forced_end
 from submission.config import EngineConfig
-from submission.engines.base import Completion, GenerationRequest, ThroughputMeter
+from submission.engines.base import Completion, EngineDead, GenerationRequest, ThroughputMeter
 
 THINK, FORCE, ANSWER, DONE = "think", "force", "answer", "done"
 
@@ -81,6 +81,8 @@ class HFEngine:
         self.stop_ids = set(stop if isinstance(stop, list) else [stop]) | {self.eos}
 
     async def generate(self, request: GenerationRequest) -> Completion:
+        if self._thread is None or not self._thread.is_alive():
+            raise EngineDead("the hf engine's worker thread is not running")
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._pending.put((request, future, loop, time.monotonic()))

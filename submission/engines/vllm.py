@@ -15,7 +15,7 @@ from pathlib import Path
 
 from submission.answer import THINK_END, answer_grammar, banned_answer_ids, forced_end
 from submission.config import EngineConfig
-from submission.engines.base import Completion, GenerationRequest, ThroughputMeter
+from submission.engines.base import Completion, EngineDead, GenerationRequest, ThroughputMeter
 
 LOGITS_PROCESSOR = "submission.engines.vllm_logits:AnswerTemperature"
 _FINISH = {"stop": "stop", "length": "length", "abort": "aborted"}
@@ -97,11 +97,16 @@ class VLLMEngine:
             structured_outputs=StructuredOutputsParams(grammar=self.grammar), skip_special_tokens=False,
             extra_args={"answer_scale": c.answer_temperature / c.temperature, "think_end_id": self.think_end,
                         "banned_ids": self.banned})
+        from vllm.v1.engine.exceptions import EngineDeadError
+
         started = time.monotonic()
         final = None
-        async for output in self.engine.generate({"prompt_token_ids": list(request.prompt_ids)}, params,
-                                                 request.request_id):
-            final = output
+        try:
+            async for output in self.engine.generate({"prompt_token_ids": list(request.prompt_ids)}, params,
+                                                     request.request_id):
+                final = output
+        except EngineDeadError as err:
+            raise EngineDead(str(err)) from err
         result = final.outputs[0]
         ids = list(result.token_ids)
         thinking = ids.index(self.think_end) + 1 if self.think_end in ids else len(ids)

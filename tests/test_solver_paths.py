@@ -1,0 +1,125 @@
+"""Solver paths a random model never reaches: engine restart, the repair turn, transferred programs, stats files."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+import submission.main as solver
+from submission.attempts import AttemptRecord
+from submission.config import EngineConfig, Profile, PromptConfig
+from submission.engines.base import EngineDead, ThroughputMeter
+from submission.engines.replay import ReplayEngine
+from submission.sandbox import Sandbox
+from submission.schedule import Level, Request, ScheduleConfig
+from submission.selection import Source
+from submission.solve import Attempts, Candidates
+from submission.tasks import load_tasks
+
+SCHEDULE = ScheduleConfig(time_limit_s=120, hard_stop_margin_s=5, stop_new_margin_s=10, rate_tok_s=1000,
+                          cap_margin_s=1, cap_margin_tokens=10, min_cap=100, cap_first_single=4000,
+                          cap_first_multi=3000, cap_second=2000, repair_caps=(1500, 1000), cap_extra=1000,
+                          repair_min_left_s=1, extra_min_left_s=1, max_in_flight=2)
+
+
+@pytest.fixture(scope="module")
+def tasks(arc_data):
+    return load_tasks(arc_data / "arc-agi-2" / "training", arc_data / "arc-agi-2" / "training")
+
+
+def record(task, attempt=1, level=Level.FIRST, grid=None, program=None, seconds=0.05) -> AttemptRecord:
+    return AttemptRecord(task.id, 0, attempt, level, 0, 4000, natural=True, thinking_tokens=300, answer_tokens=40,
+                         grid=grid, program=program, started_s=0.0, finished_s=seconds)
+
+
+class DeadEngine:
+    """An engine whose every request fails, as a crashed vLLM does (EngineDeadError)."""
+
+    def __init__(self):
+        self.meter = ThroughputMeter()
+
+    async def start(self):
+        return None
+
+    async def generate(self, request):
+        raise EngineDead("EngineCore encountered an issue")
+
+    async def abort(self, request_id):
+        return None
+
+    async def close(self):
+        return None
+
+
+def test_a_dead_engine_is_restarted_once_and_its_attempts_rerun(tasks, tmp_path, monkeypatch):
+    chosen = [t for t in tasks.tasks if len(t.test_inputs) == 1][:4]
+    subset = type(tasks)(tuple(chosen), ())
+    logged = [record(t, a, Level(a - 1), grid=t.test_outputs[0]) for t in chosen for a in (1, 2, 3)]
+    made = []
+
+    def make_engine(profile):
+        made.append(DeadEngine() if not made else ReplayEngine(logged, profile.engine, 0.0))
+        return made[-1]
+
+    monkeypatch.setattr(solver, "make_engine", make_engine)
+    profile = Profile(engine=EngineConfig(kind="replay", model="unused"), schedule=SCHEDULE)
+    args = argparse.Namespace(out=tmp_path / "submission.json", log=tmp_path / "run.jsonl", resume=False)
+    run = solver.Run(args, profile, subset)
+    asyncio.run(run.go())
+    assert len(made) == 2
+    assert run.stats["engine restarts"] == 1
+    assert not [r for r in run.finished if r.finish.startswith("error")]  # requeued, not spent
+    assert {(r.task_id, r.level) for r in run.finished} >= {(t.id, Level.FIRST) for t in chosen}
+    submission = json.loads(args.out.read_text())
+    assert all(submission[t.id][0]["attempt_1"] == [list(r) for r in t.test_outputs[0]] for t in chosen)
+
+
+def test_repair_turn_shows_the_best_programs_differences(tasks):
+    task = next(t for t in tasks.tasks if t.id == "25ff71a9")  # shift down by one row
+    half_right = ("def transform(grid):\n    if grid[0] == [0] * len(grid[0]):\n        return grid\n"
+                  "    return [[0] * len(grid[0])] + grid[:-1]\n")
+    prompts = []
+    engine = ReplayEngine([record(task, grid=((1,),), program=half_right)], EngineConfig(kind="replay"), 0.0)
+    with Sandbox() as box:
+        attempts = Attempts(Profile(), {task.id: task}, engine, box,
+                            lambda t, i, view, extra: prompts.append(extra) or [0] * 10, lambda: 0.0)
+        first = asyncio.run(attempts.run(Request(task.id, 0, 1, Level.FIRST, 4000, 1)))
+        assert 1 <= first.demos_right < len(task.train) and not first.train_perfect
+        asyncio.run(attempts.run(Request(task.id, 0, 2, Level.REPAIR, 1500, 2, repair_turn=1)))
+    assert prompts[0] == "" and "A previous attempt wrote this program:" in prompts[1]
+    assert "cells differ (row, column)" in prompts[1] and "correct." in prompts[1]
+
+
+def test_train_perfect_programs_transfer_to_other_test_inputs(tasks):
+    task = next(t for t in tasks.tasks if t.id == "25ff71a9")
+    assert len(task.test_inputs) == 2
+    program = "def transform(grid):\n    return [[0] * len(grid[0])] + grid[:-1]\n"
+    engine = ReplayEngine([record(task, grid=((1,),), program=program)], EngineConfig(kind="replay"), 0.0)
+    with Sandbox() as box:
+        attempts = Attempts(Profile(), {task.id: task}, engine, box, lambda *a: [0], lambda: 0.0)
+        done = asyncio.run(attempts.run(Request(task.id, 0, 1, Level.FIRST, 4000, 1)))
+    candidates = Candidates({task.id: task})
+    assert candidates.add(done) == [(task.id, 0), (task.id, 1)]
+    assert candidates.by_input[(task.id, 1)][0].source is Source.TRANSFERRED
+    assert candidates.answers((task.id, 1))[0] == task.test_outputs[1]  # the transferred output answers input 1
+    assert candidates.answers((task.id, 0))[0] == task.test_outputs[0]  # the program beats the wrong grid
+
+
+def test_replay_meter_windows_reach_the_stats_file(tasks, tmp_path):
+    chosen = [t for t in tasks.tasks if len(t.test_inputs) == 1][:3]
+    subset = type(tasks)(tuple(chosen), ())
+    logged = [record(t, a, Level(a - 1), grid=((a,),), seconds=0.4) for t in chosen for a in (1, 2, 3)]
+    log = tmp_path / "earlier.jsonl"
+    log.write_text("".join(json.dumps(r.to_json()) + "\n" for r in logged))
+    profile = Profile(engine=EngineConfig(kind="replay", model=str(log), stats_window_s=0.2), schedule=SCHEDULE,
+                      prompt=PromptConfig())
+    args = argparse.Namespace(out=tmp_path / "submission.json", log=tmp_path / "run.jsonl", resume=False)
+    run = solver.Run(args, profile, subset)
+    asyncio.run(run.go())
+    rows = [json.loads(line) for line in (tmp_path / "run.stats.jsonl").read_text().splitlines()]
+    assert rows and {"start", "seconds", "tokens", "running"} <= set(rows[0])
+    assert sum(r["tokens"] for r in rows) > 0 and max(r["running"] for r in rows) > 0
