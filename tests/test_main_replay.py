@@ -122,3 +122,36 @@ def test_deadline_is_kept_even_with_slow_attempts(setup, arc_data, tmp_path):
     assert sum(len(v) for v in submission.values()) == sum(len(t.test_inputs) for t in tasks)
     aborted = int(done.stdout.split("aborted at the hard stop: ")[1].split(",")[0])
     assert aborted >= 1  # the hard stop (deadline - 5 s) cut running attempts off
+
+
+BLOCKING = """
+import sys, time
+import submission.main as solver
+from submission.engines.base import ThroughputMeter
+
+class Frozen:  # blocks the event loop itself: only the watchdog can end the run
+    meter = ThroughputMeter()
+    async def start(self): pass
+    async def generate(self, request):
+        time.sleep(3600)
+    async def abort(self, request_id): pass
+    async def close(self): pass
+
+solver.make_engine = lambda profile: Frozen()
+sys.exit(solver.main(sys.argv[1:]))
+"""
+
+
+def test_watchdog_ends_a_run_whose_engine_blocks_everything(setup, arc_data, tmp_path):
+    folder, source, tasks = setup
+    profile = tmp_path / "frozen.toml"
+    profile.write_text(PROFILE.format(log=source, scale=1.0))
+    cmd = [sys.executable, "-c", BLOCKING, "--tasks", str(arc_data / "arc-agi-2" / "evaluation"), "--max-tasks", "10",
+           "--out", str(tmp_path / "submission.json"), "--profile", str(profile), "--deadline", "12"]
+    started = time.monotonic()
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    elapsed = time.monotonic() - started
+    assert 7 <= elapsed < 12, elapsed  # after the hard stop (12 - 5 s), before the limit
+    assert done.returncode == 0 and "watchdog" in done.stderr
+    submission = json.loads((tmp_path / "submission.json").read_text())
+    assert sum(len(v) for v in submission.values()) == sum(len(t.test_inputs) for t in tasks)
