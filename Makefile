@@ -14,7 +14,7 @@ ENGINE_VENV ?= $(KIT_CACHE)/venv-engine-cpu-py$(PYVER)-$(ENGHASH)
 EPY       := $(ENGINE_VENV)/bin/python
 export ARC_DATA
 
-.PHONY: env engine-env test test-core dry-run demo bench clean
+.PHONY: env engine-env test test-core dry-run simulate demo bench clean
 
 env: $(VENV)/.installed
 
@@ -54,8 +54,15 @@ demo: env
 	$(PY) -m submission.library --tasks $(ARC_DATA)/arc-agi-2/training --programs examples/programs \
 	    --out $(OUT)/demo/submission.json
 
+# Forecast a 12-hour hidden-set run (240 tasks) of the moe-4xL4 profile from the shipped example log (synthetic:
+# see sim/example_log.py), compare it with dense-27b-4xL4, and plot one run's timeline.
+simulate: env
+	$(PY) -m sim forecast --log sim/data/example_attempts.jsonl --tasks $(ARC_DATA)/arc-agi-2/evaluation \
+	    --profile moe-4xL4 --hidden-tasks 240 --runs 50 --sensitivity --sweep dense-27b-4xL4 --out $(OUT)/simulate
+
 bench: env
 	$(PY) benchmarks/sandbox_throughput.py
+	$(PY) benchmarks/sim_speed.py
 
 clean:
 	rm -rf $(OUT) .pytest_cache .hypothesis

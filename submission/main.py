@@ -83,7 +83,7 @@ class Run:
         self.args, self.profile, self.tasks = args, profile, tasks
         self.by_id = {t.id: t for t in tasks.tasks}
         self.answers = AnswerFile(args.out, tasks.test_counts())
-        self.candidates = Candidates(self.by_id)
+        self.candidates = Candidates()
         self.start = time.monotonic()
         self.stats: Counter = Counter()
         self.finished: list[AttemptRecord] = []
@@ -111,7 +111,7 @@ class Run:
         if not scheduled:
             scheduler.on_finished(self.clock(), record.outcome())
         self.finished.append(record)
-        for key in self.candidates.add(record):
+        for key in self.candidates.add_record(record):
             self.answers.update(key[0], key[1], self.candidates.answers(key))
 
     def restore(self, scheduler: Scheduler, attempts: Attempts) -> None:
@@ -121,7 +121,7 @@ class Run:
             scheduler.restore(record.outcome())
             attempts.note_program(record)
             self.finished.append(record)
-            for key in self.candidates.add(record):
+            for key in self.candidates.add_record(record):
                 self.answers.update(key[0], key[1], self.candidates.answers(key))
         self.stats["restored"] = len(self.finished)
 

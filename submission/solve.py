@@ -42,28 +42,31 @@ def request_id(request: Request) -> str:
 
 @dataclass
 class Candidates:
-    """Candidates per test input from finished attempts; `answers(key)` applies SPEC section 4. Pure state."""
+    """Candidates per test input from finished attempts; `answers(key)` applies SPEC section 4. Pure state, shared
+    by the solver and the simulator."""
 
-    tasks: dict[str, Task]
     by_input: dict[tuple[str, int], list[Candidate]] = field(default_factory=dict)
 
-    def add(self, record: AttemptRecord) -> list[tuple[str, int]]:
+    def add(self, task_id: str, test_index: int, attempt: int, grid: Grid | None, train_perfect: bool,
+            program_outputs: tuple) -> list[tuple[str, int]]:
         """Add an attempt's grid and, if its program is train-perfect, its outputs (transferred to the task's other
         test inputs). Returns the inputs whose candidates changed."""
-        key = (record.task_id, record.test_index)
         changed = []
-        if record.grid is not None:
-            self.by_input.setdefault(key, []).append(Candidate(record.grid, Source.GRID, record.attempt))
-            changed.append(key)
-        if record.train_perfect:
-            for index, output in enumerate(record.program_outputs):
+        if grid is not None:
+            self.by_input.setdefault((task_id, test_index), []).append(Candidate(grid, Source.GRID, attempt))
+            changed.append((task_id, test_index))
+        if train_perfect:
+            for index, output in enumerate(program_outputs):
                 if output is None:
                     continue
-                source = Source.PROGRAM if index == record.test_index else Source.TRANSFERRED
-                other = (record.task_id, index)
-                self.by_input.setdefault(other, []).append(Candidate(output, source, record.attempt))
-                changed.append(other)
+                source = Source.PROGRAM if index == test_index else Source.TRANSFERRED
+                self.by_input.setdefault((task_id, index), []).append(Candidate(output, source, attempt))
+                changed.append((task_id, index))
         return sorted(set(changed))
+
+    def add_record(self, record: AttemptRecord) -> list[tuple[str, int]]:
+        return self.add(record.task_id, record.test_index, record.attempt, record.grid, record.train_perfect,
+                        record.program_outputs)
 
     def answers(self, key: tuple[str, int]) -> tuple[Grid, Grid]:
         return select(self.by_input.get(key, []))

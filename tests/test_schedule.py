@@ -7,8 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from sim.events import simulate
-from submission.attempts import AttemptRecord
+from sim.pool import SimAttempt
+from sim.run import LatencyEngine, simulate
+from sim.serving import Job
 from submission.schedule import InputInfo, Level, Outcome, Request, ScheduleConfig, Scheduler, stable_seed
 
 G1, G2 = ((1,),), ((2,),)
@@ -22,22 +23,29 @@ def inputs_for(rng: random.Random, n_tasks: int) -> list[InputInfo]:
     return out
 
 
-def random_serve(rng: random.Random, config: ScheduleConfig, slow: float = 1.0):
-    """Thinking lengths up to the cap (natural or forced), durations at the per-stream rate times a random factor
+def random_draw(config: ScheduleConfig, slow: float = 1.0):
+    """Thinking lengths up to the cap (natural or forced) and a duration at the per-stream rate times a random factor
     up to `slow` (slow > 1: streams slower than the rate the caps assume)."""
-    def serve(request: Request, now: float):
+    factors = {}
+
+    def draw(request: Request, rng: random.Random) -> SimAttempt:
         thinking = rng.randint(1_000, request.cap) if rng.random() < 0.7 else request.cap
         natural = thinking < request.cap
-        answer = rng.randint(50, 3_000)
-        duration = (thinking + answer) / config.rate_tok_s * rng.uniform(0.2, slow)
         grid = rng.choice([G1, G2, None]) if natural else rng.choice([G1, None])
-        perfect = rng.random() < 0.05
-        record = AttemptRecord(request.task_id, request.test_index, request.attempt, request.level, request.seed,
-                               request.cap, natural=natural, thinking_tokens=thinking, answer_tokens=answer,
-                               grid=grid, train_perfect=perfect, demos_right=rng.randint(0, 3),
-                               started_s=now, finished_s=now + duration)
-        return duration, record
-    return serve
+        factors[request.key + (request.attempt,)] = rng.uniform(0.2, slow)
+        return SimAttempt(thinking, rng.randint(50, 3_000), 1000, natural, grid, rng.random() < 0.05,
+                          rng.randint(0, 3), (), "test")
+
+    def duration(job: Job) -> float:
+        return job.tokens / config.rate_tok_s * factors[job.key]
+
+    return draw, duration
+
+
+def run(config: ScheduleConfig, inputs: list[InputInfo], rng: random.Random, slow: float = 1.0):
+    draw, duration = random_draw(config, slow)
+    truth = {i.key: G1 for i in inputs}
+    return simulate(config, inputs, draw, LatencyEngine(duration), truth, rng)
 
 
 @pytest.mark.parametrize("slow", [1.0, 3.0])
@@ -45,38 +53,36 @@ def test_no_request_after_the_stop_margin_and_the_run_ends_by_the_hard_stop(slow
     for seed in range(40):
         rng = random.Random(seed)
         config = ScheduleConfig(max_in_flight=rng.choice([4, 16, 56]), rate_tok_s=rng.choice([8.0, 15.0, 200.0]))
-        run = simulate(Scheduler(config, inputs_for(rng, 240)), random_serve(rng, config, slow))
-        assert all(start <= config.stop_new for start, _ in run.started)
-        assert run.end_s <= config.hard_stop
-        assert all(config.min_cap <= r.cap for _, r in run.started)
-        for start, r in run.started:
+        result = run(config, inputs_for(rng, 240), rng, slow)
+        assert all(start <= config.stop_new for start, _ in result.started)
+        assert result.end_s <= config.hard_stop
+        assert all(config.min_cap <= r.cap for _, r in result.started)
+        for start, r in result.started:
             assert r.cap <= config.rate_tok_s * (config.hard_stop - start - config.cap_margin_s) - config.cap_margin_tokens
-        if slow == 1.0:  # streams as fast as the caps assume: nothing is cut off by the hard stop
-            assert not run.aborted
+        if slow == 1.0:  # streams as fast as the caps assume (answers under 3,000 tokens): nothing is cut off
+            assert not result.aborted
 
 
 def test_in_flight_bound():
     rng = random.Random(3)
     config = ScheduleConfig(max_in_flight=5)
     scheduler = Scheduler(config, inputs_for(rng, 30))
-    serve = random_serve(rng, config)
     running = []
     for _ in range(10):
         while (request := scheduler.next(0.0)) is not None:
             running.append(request)
         assert len(scheduler.in_flight) <= 5
-        done = running.pop(0)
-        scheduler.on_finished(1.0, serve(done, 0.0)[1].outcome())
+        scheduler.on_finished(1.0, outcome(running.pop(0)))
 
 
 def test_unlimited_throughput_gives_every_input_both_attempts():
     rng = random.Random(7)
     config = ScheduleConfig(rate_tok_s=1e9, max_in_flight=8)
     inputs = inputs_for(rng, 80)
-    run = simulate(Scheduler(config, inputs), random_serve(rng, config))
-    levels = {(r.task_id, r.test_index): set() for r in run.finished}
-    for r in run.finished:
-        levels[(r.task_id, r.test_index)].add(r.level)
+    result = run(config, inputs, rng)
+    levels: dict = {}
+    for request, _, _, _ in result.finished:
+        levels.setdefault(request.key, set()).add(request.level)
     assert len(levels) == len(inputs)
     assert all({Level.FIRST, Level.SECOND} <= got for got in levels.values())
 

@@ -102,8 +102,8 @@ def test_train_perfect_programs_transfer_to_other_test_inputs(tasks):
     with Sandbox() as box:
         attempts = Attempts(Profile(), {task.id: task}, engine, box, lambda *a: [0], lambda: 0.0)
         done = asyncio.run(attempts.run(Request(task.id, 0, 1, Level.FIRST, 4000, 1)))
-    candidates = Candidates({task.id: task})
-    assert candidates.add(done) == [(task.id, 0), (task.id, 1)]
+    candidates = Candidates()
+    assert candidates.add_record(done) == [(task.id, 0), (task.id, 1)]
     assert candidates.by_input[(task.id, 1)][0].source is Source.TRANSFERRED
     assert candidates.answers((task.id, 1))[0] == task.test_outputs[1]  # the transferred output answers input 1
     assert candidates.answers((task.id, 0))[0] == task.test_outputs[0]  # the program beats the wrong grid

@@ -40,6 +40,7 @@ class StatsWindow:
     tokens: int  # tokens generated in the window, all requests
     running: float  # mean number of running requests in the window
     prompt_tokens: int = 0  # prompt tokens prefilled in the window
+    context: float = 0.0  # mean context tokens held by the running requests (KV cache in use)
 
 
 @dataclass
@@ -52,24 +53,32 @@ class ThroughputMeter:
     _tokens: int = 0
     _prompt: int = 0
     _running_area: float = 0.0
+    _context_area: float = 0.0
     _last: float = field(default_factory=time.monotonic)
     _running: int = 0
+    _context: float = 0.0
 
     def add(self, tokens: int = 0, running: int | None = None, prompt_tokens: int = 0,
-            now: float | None = None) -> None:
+            context: float | None = None, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         while now >= self._start + self.window_s:
             end = self._start + self.window_s
             self._running_area += self._running * (end - self._last)
+            self._context_area += self._context * (end - self._last)
             self.windows.append(StatsWindow(self._start, self.window_s, self._tokens,
-                                            self._running_area / self.window_s, self._prompt))
-            self._start, self._last, self._tokens, self._prompt, self._running_area = end, end, 0, 0, 0.0
+                                            self._running_area / self.window_s, self._prompt,
+                                            self._context_area / self.window_s))
+            self._start, self._last, self._tokens, self._prompt = end, end, 0, 0
+            self._running_area = self._context_area = 0.0
         self._running_area += self._running * (now - self._last)
+        self._context_area += self._context * (now - self._last)
         self._last = now
         self._tokens += tokens
         self._prompt += prompt_tokens
         if running is not None:
             self._running = running
+        if context is not None:
+            self._context = context
 
 
 class EngineDead(RuntimeError):

@@ -214,7 +214,8 @@ class HFEngine:
                     if seq.phase == DONE:
                         self._resolve(seq)
                 running = sum(s.phase != DONE for s in sequences)
-                self.meter.add(tokens=active, running=running)
+                context = sum(len(s.request.prompt_ids) + len(s.tokens) for s in sequences if s.phase != DONE)
+                self.meter.add(tokens=active, running=running, context=context)
                 ids = torch.tensor(step, dtype=torch.long, device=self.device).unsqueeze(1)
                 mask = torch.cat([mask, torch.ones((len(sequences), 1), dtype=torch.long, device=self.device)], 1)
                 positions = positions[:, -1:] + 1

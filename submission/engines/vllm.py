@@ -37,13 +37,16 @@ class VLLMEngine:
 
         class KitStats(StatLoggerBase):  # vLLM calls record() in this process after every engine step
             def __init__(self, vllm_config, engine_index: int = 0):
-                pass
+                self.cache = vllm_config.cache_config  # num_gpu_blocks is known only once the cache is sized
 
             def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
                 tokens = iteration_stats.num_generation_tokens if iteration_stats is not None else 0
                 prompt = iteration_stats.num_prompt_tokens if iteration_stats is not None else 0
-                running = scheduler_stats.num_running_reqs if scheduler_stats is not None else None
-                meter.add(tokens=tokens, running=running, prompt_tokens=prompt)
+                running = context = None
+                if scheduler_stats is not None:
+                    running = scheduler_stats.num_running_reqs
+                    context = scheduler_stats.kv_cache_usage * (self.cache.num_gpu_blocks or 0) * self.cache.block_size
+                meter.add(tokens=tokens, running=running, prompt_tokens=prompt, context=context)
 
             def log_engine_initialized(self):
                 pass

@@ -1,0 +1,59 @@
+"""Simulator speed: one 12-hour run of ~340 test inputs (240 tasks) and 1,000 forecast runs, on one core.
+
+    python benchmarks/sim_speed.py [--runs 1000]
+
+Targets (issue 4): one run under 1 second; 1,000 runs under 30 seconds. The ratio printed is against the same work
+done with the scheduler alone on a trivial engine (every request taking a fixed time), measured in the same run: the
+price of the serving model and the attempt pool over the bare policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sim.example_log import make_records  # noqa: E402
+from sim.forecast import build_inputs, forecast, one_run  # noqa: E402
+from sim.pool import AttemptPool  # noqa: E402
+from sim.run import LatencyEngine, simulate  # noqa: E402
+from sim.serving import load_serving  # noqa: E402
+from submission.config import load_profile  # noqa: E402
+from submission.tasks import load_tasks  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--arc-data", default=str(REPO.parent / "shared" / "arc-data"))
+    args = parser.parse_args()
+    tasks = load_tasks(Path(args.arc_data) / "arc-agi-2" / "evaluation").tasks
+    inputs, truth = build_inputs(tasks, {}, 240, random.Random(0))
+    pool = AttemptPool(make_records(tasks), truth)
+    schedule = load_profile("moe-4xL4").schedule
+    serving = load_serving(REPO / "sim" / "serving_models" / "moe-4xL4.toml")
+
+    start = time.perf_counter()
+    result, _ = one_run(schedule, inputs, truth, pool, serving, seed=0)
+    single = time.perf_counter() - start
+    start = time.perf_counter()
+    bare = simulate(schedule, inputs, pool.draw, LatencyEngine(lambda job: job.tokens / 8.0), truth,
+                    random.Random(0))
+    baseline = time.perf_counter() - start
+    start = time.perf_counter()
+    forecast(schedule, inputs, truth, pool, serving, runs=args.runs)
+    many = time.perf_counter() - start
+    print(f"inputs: {len(inputs)}; attempts in one run: {len(result.finished)} (bare policy: {len(bare.finished)})")
+    print(f"one 12-hour run:     {single * 1000:7.1f} ms  (target < 1000 ms)")
+    print(f"bare policy run:     {baseline * 1000:7.1f} ms  (ratio {single / baseline:.2f}x)")
+    print(f"{args.runs} forecast runs: {many:7.2f} s   (target < 30 s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Backtest: replay a real run's own log under its own profile and serving model, and compare with what happened.
+
+Every request draws the logged attempt with the same input and attempt number (rule 1 of sim.pool), so only the
+clock is simulated; the per-attempt start and finish errors and the score difference say whether the serving model
+matches the hardware the log came from.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass
+
+from sim.pool import AttemptPool
+from sim.run import simulate
+from sim.serving import ServingModel, SharedEngine
+from submission.attempts import AttemptRecord
+from submission.schedule import InputInfo, ScheduleConfig
+from submission.solve import Candidates
+
+
+@dataclass(frozen=True)
+class Backtest:
+    matched: int
+    start_error_s: float  # mean |simulated - logged| start
+    finish_error_s: float
+    logged_score: float
+    simulated_score: float
+
+
+def backtest(records: list[AttemptRecord], inputs: list[InputInfo], truth: dict, config: ScheduleConfig,
+             serving: ServingModel) -> Backtest:
+    pool = AttemptPool(records, truth)
+    result = simulate(config, inputs, pool.draw, SharedEngine(serving), truth, random.Random(0))
+    logged = {(r.task_id, r.test_index, r.attempt): r for r in records}
+    starts, finishes = [], []
+    for request, _, submitted, finished in result.finished:
+        record = logged.get(request.key + (request.attempt,))
+        if record is not None:
+            starts.append(abs(submitted - record.started_s))
+            finishes.append(abs(finished - record.finished_s))
+    candidates = Candidates()
+    for r in records:
+        candidates.add_record(r)
+    tasks: dict[str, list[bool]] = {}
+    for info in inputs:
+        tasks.setdefault(info.task_id, []).append(truth[info.key] in candidates.answers(info.key))
+    logged_score = 100 * statistics.fmean(sum(v) / len(v) for v in tasks.values())
+    return Backtest(len(starts), statistics.fmean(starts) if starts else float("nan"),
+                    statistics.fmean(finishes) if finishes else float("nan"), logged_score, result.score)

@@ -1,0 +1,103 @@
+"""Where simulated attempts come from: logged attempts, drawn by a documented rule, cut to the simulated cap.
+
+For a request (input, attempt number, level, cap):
+1. The input's own logged attempts: the one with the same attempt number, else one of the same level, else any one
+   (chosen with the run's random generator). Grids, programs and their outputs are the logged ones.
+2. An input with no logged attempt of its own (the hidden set is larger than the public one): an attempt of the same
+   level drawn from the whole pool, else any. Only its correctness travels: a right grid becomes the input's true
+   answer, a wrong one a wrong grid of its own; a train-perfect program's output likewise; no transfer.
+3. Truncation: when the logged thinking is longer than the simulated cap, the attempt becomes a forced completion of
+   cap tokens. Its grid comes from one of the input's logged forced attempts if any, else it is right with probability
+   `forced_accuracy` (SPEC: about 8% of forced completions are right); its program is not train-perfect.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from submission.attempts import AttemptRecord
+from submission.grids import Grid
+from submission.schedule import Level, Outcome, Request
+
+
+@dataclass(frozen=True)
+class SimAttempt:
+    thinking: int
+    answer: int
+    prompt: int
+    natural: bool
+    grid: object | None  # a Grid, or a stand-in for the true / a wrong answer of a simulated input
+    train_perfect: bool
+    demos_right: int
+    program_outputs: tuple  # per test input of the task; () when unknown
+    source: str  # "own", "pool" (rule 2), plus "+cut" when truncated
+
+    @property
+    def tokens(self) -> int:
+        return self.thinking + self.answer
+
+    def outcome(self, request: Request) -> Outcome:
+        return Outcome(request.task_id, request.test_index, request.attempt, request.level, self.natural,
+                       self.grid, self.thinking, self.train_perfect, self.demos_right)
+
+
+class AttemptPool:
+    def __init__(self, records: list[AttemptRecord], truth: dict[tuple[str, int], object],
+                 forced_accuracy: float = 0.08):
+        """`truth`: the right answer of every simulated input (its label, or a stand-in for inputs made up)."""
+        if not records:
+            raise ValueError("the attempt pool is empty")
+        self.truth = truth
+        self.forced_accuracy = forced_accuracy
+        self.records = [r for r in records if not r.aborted]
+        self.by_input: dict[tuple[str, int], list[AttemptRecord]] = {}
+        for r in self.records:
+            self.by_input.setdefault((r.task_id, r.test_index), []).append(r)
+        self.by_level: dict[Level, list[AttemptRecord]] = {}
+        for r in self.records:
+            self.by_level.setdefault(r.level, []).append(r)
+        self._wrong = 0
+
+    def _right(self, record: AttemptRecord) -> bool:
+        return record.grid is not None and record.grid == self.truth.get((record.task_id, record.test_index))
+
+    def _program_right(self, record: AttemptRecord) -> bool:
+        out = record.program_outputs
+        return (record.train_perfect and record.test_index < len(out)
+                and out[record.test_index] == self.truth.get((record.task_id, record.test_index)))
+
+    def _wrong_grid(self) -> Grid:
+        self._wrong += 1
+        return (("wrong", self._wrong),)  # type: ignore[return-value] - a stand-in, only compared for equality
+
+    def draw(self, request: Request, rng: random.Random) -> SimAttempt:
+        key = request.key
+        own = self.by_input.get(key)
+        if own:
+            same = [r for r in own if r.attempt == request.attempt] or [r for r in own if r.level is request.level]
+            record = same[0] if len(same) == 1 else rng.choice(same or own)
+            attempt = SimAttempt(record.thinking_tokens, record.answer_tokens, record.prompt_tokens, record.natural,
+                                 record.grid, record.train_perfect, record.demos_right, record.program_outputs, "own")
+        else:
+            record = rng.choice(self.by_level.get(request.level) or self.records)
+            truth = self.truth[key]
+            grid = None if record.grid is None else truth if self._right(record) else self._wrong_grid()
+            outputs: tuple = ()
+            if record.train_perfect:
+                outputs = tuple(None for _ in range(request.test_index)) + (
+                    truth if self._program_right(record) else self._wrong_grid(),)
+            attempt = SimAttempt(record.thinking_tokens, record.answer_tokens, record.prompt_tokens, record.natural,
+                                 grid, record.train_perfect, record.demos_right, outputs, "pool")
+        return self._cut(attempt, request, rng)
+
+    def _cut(self, attempt: SimAttempt, request: Request, rng: random.Random) -> SimAttempt:
+        if attempt.thinking <= request.cap:
+            return attempt
+        forced = [r for r in self.by_input.get(request.key, []) if not r.natural]
+        if forced:
+            grid = rng.choice(forced).grid
+        else:
+            grid = self.truth[request.key] if rng.random() < self.forced_accuracy else self._wrong_grid()
+        return SimAttempt(request.cap, attempt.answer, attempt.prompt, False, grid, False, 0, (),
+                          attempt.source + "+cut")
