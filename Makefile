@@ -12,9 +12,13 @@ PY        := $(VENV)/bin/python
 ENGHASH   := $(shell cat requirements/core.txt requirements/engine-cpu.txt | sha256sum | cut -c1-12)
 ENGINE_VENV ?= $(KIT_CACHE)/venv-engine-cpu-py$(PYVER)-$(ENGHASH)
 EPY       := $(ENGINE_VENV)/bin/python
+# The build environment (torch, transformers, compressed-tensors' converter): checkpoint surgery in build/.
+BLDHASH   := $(shell cat requirements/core.txt requirements/build-cpu.txt | sha256sum | cut -c1-12)
+BUILD_VENV ?= $(KIT_CACHE)/venv-build-cpu-py$(PYVER)-$(BLDHASH)
+BPY       := $(BUILD_VENV)/bin/python
 export ARC_DATA
 
-.PHONY: env engine-env test test-core dry-run simulate demo bench clean
+.PHONY: env engine-env build-env test test-core dry-run simulate demo bench clean
 
 env: $(VENV)/.installed
 
@@ -25,6 +29,14 @@ $(VENV)/.installed: requirements/core.txt
 
 engine-env: $(ENGINE_VENV)/.installed
 
+build-env: $(BUILD_VENV)/.installed
+
+$(BUILD_VENV)/.installed: requirements/core.txt requirements/build-cpu.txt
+	$(PYTHON) -m venv $(BUILD_VENV)
+	$(BPY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(BPY) -m pip install --quiet --disable-pip-version-check -r requirements/build-cpu.txt
+	touch $@
+
 # torch first, alone: with no torch installed, a dependency asking for a torch range could pull a CUDA build.
 $(ENGINE_VENV)/.installed: requirements/core.txt requirements/engine-cpu.txt
 	$(PYTHON) -m venv $(ENGINE_VENV)
@@ -33,9 +45,11 @@ $(ENGINE_VENV)/.installed: requirements/core.txt requirements/engine-cpu.txt
 	$(EPY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $@
 
-# The whole suite, the real engines included (vLLM's CPU build, transformers): the engine environment.
-test: engine-env
+# The whole suite, the real engines included (vLLM's CPU build, transformers): the engine environment; then the
+# checkpoint-surgery tests in the build environment (compressed-tensors' converter is newer than vLLM's pin).
+test: engine-env build-env
 	$(EPY) -m pytest -q tests
+	$(BPY) -m pytest -q tests/test_prune.py
 
 # The suite without the engine environment (engine tests skip): CI runs it on the second Python version.
 test-core: env

@@ -96,8 +96,9 @@ def make_config(arch: str, vocab_size: int, eos_id: int, pad_id: int):
     raise ValueError(f"unknown architecture {arch!r}: qwen3, qwen3_moe or qwen3_next")
 
 
-def make_checkpoint(out: str | Path, arch: str = "qwen3", seed: int = 0) -> Path:
-    """Write a tokenizer and a random-weight model of `arch` to `out` (bf16 safetensors, like a real release)."""
+def make_checkpoint(out: str | Path, arch: str = "qwen3", seed: int = 0, max_shard_size: str = "50GB") -> Path:
+    """Write a tokenizer and a random-weight model of `arch` to `out` (bf16 safetensors, like a real release;
+    a small `max_shard_size` gives several shards, as real checkpoints have)."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -112,7 +113,7 @@ def make_checkpoint(out: str | Path, arch: str = "qwen3", seed: int = 0) -> Path
     with torch.no_grad():  # the end-of-turn patch a real checkpoint gets from build/ (SPEC section 2)
         model.lm_head.weight[[eos_id, pad_id]] = 0
     model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
-    model.save_pretrained(out)
+    model.save_pretrained(out, max_shard_size=max_shard_size)
     (out / "tiny.json").write_text(json.dumps({"arch": arch, "seed": seed, "made_by": "build.tiny"}))
     return out
 

@@ -1,0 +1,131 @@
+"""Expert pruning on tiny sharded Qwen3-MoE and Qwen3-Next checkpoints: the pruned model equals the original with the
+dropped experts' router logits at minus infinity, kept experts are bit-identical, bad lists are refused.
+Needs the build environment (compressed-tensors' converter; make build-env); skipped elsewhere."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+pytest.importorskip("compressed_tensors.entrypoints.convert.converters.magnitude_expert_pruner",
+                    reason="pruning needs the build environment (make build-env)")
+
+import torch  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from build.prune import PruneError, prune  # noqa: E402
+from build.tiny import make_checkpoint  # noqa: E402
+
+EXPERTS, KEEP = 8, 4
+
+
+@pytest.fixture(scope="module", params=["qwen3_moe", "qwen3_next"])
+def checkpoint(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    return make_checkpoint(folder / "model", request.param, seed=0, max_shard_size="300KB")
+
+
+def tensors(folder) -> dict[str, torch.Tensor]:
+    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    out = {}
+    for shard in sorted(set(index.values())):
+        with safe_open(folder / shard, framework="pt") as f:
+            out.update({name: f.get_tensor(name) for name in f.keys()})
+    return out
+
+
+def masked(model, kept: list[list[int]]):
+    """The original model with each router's dropped experts at minus infinity (the equivalence pruning keeps)."""
+    routers = [m for name, m in model.named_modules() if name.endswith("mlp.gate")]
+    for router, keep in zip(routers, kept):
+        mask = torch.full((router.num_experts,), float("-inf"))
+        mask[keep] = 0.0
+
+        def forward(hidden, router=router, mask=mask):
+            logits = torch.nn.functional.linear(hidden.reshape(-1, router.hidden_dim), router.weight) + mask
+            probs = torch.softmax(logits, dtype=torch.float, dim=-1)
+            top, index = torch.topk(probs, router.top_k, dim=-1)
+            if router.norm_topk_prob:
+                top /= top.sum(dim=-1, keepdim=True)
+            return logits, top.to(logits.dtype), index
+
+        router.forward = forward
+    return model
+
+
+def test_pruned_checkpoint_equals_the_masked_original(checkpoint, tmp_path):
+    rng = random.Random(1)
+    config = json.loads((checkpoint / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    kept = [sorted(rng.sample(range(EXPERTS), KEEP)) for _ in range(layers)]
+    (tmp_path / "list.json").write_text(json.dumps({"name": "random4", "experts": kept}))
+    out = prune(checkpoint, tmp_path / "list.json", tmp_path / "pruned")
+    assert not (tmp_path / "pruned.partial").exists() and (out / "pruning.json").exists()
+    pruned_config = json.loads((out / "config.json").read_text())
+    key = "num_local_experts" if "num_local_experts" in pruned_config else "num_experts"
+    assert pruned_config[key] == KEEP
+
+    before, after = tensors(checkpoint), tensors(out)
+    for layer, keep in enumerate(kept):
+        prefix = f"model.layers.{layer}.mlp"
+        assert torch.equal(after[f"{prefix}.gate.weight"], before[f"{prefix}.gate.weight"][keep])
+        for new, old in enumerate(keep):
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                assert torch.equal(after[f"{prefix}.experts.{new}.{proj}.weight"],
+                                   before[f"{prefix}.experts.{old}.{proj}.weight"])
+        assert f"{prefix}.experts.{KEEP}.gate_proj.weight" not in after
+
+    ids = torch.randint(0, config["vocab_size"], (2, 24), generator=torch.Generator().manual_seed(0))
+    original = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    small = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    with torch.no_grad():
+        plain = original(ids).logits
+        reference = masked(original, kept)(ids).logits
+        got = small(ids).logits
+    assert torch.allclose(got, reference, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(got, plain, atol=1e-3)  # the mask matters: the check can fail
+
+
+@pytest.mark.parametrize("experts, message", [
+    ([[0, 1, 2, 3], [0, 1, 2]], "unequal expert counts"),
+    ([[0, 1, 2, 2], [0, 1, 2, 3]], "twice"),
+    ([[0, 1, 2, 9], [0, 1, 2, 3]], "outside 0..7"),
+    ([[0, 1, 2, 3]], "1 layers in the list"),
+    ([[0], [1]], "routed to per token"),
+])
+def test_bad_lists_are_refused_before_any_work(checkpoint, tmp_path, experts, message):
+    (tmp_path / "bad.json").write_text(json.dumps({"experts": experts}))
+    with pytest.raises(PruneError, match=message):
+        prune(checkpoint, tmp_path / "bad.json", tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+
+
+def test_mtp_layer_keeps_its_largest_router_rows(tmp_path_factory):
+    """Qwen3-Next releases carry an MTP layer (mtp.*, loaded by vLLM only) that is a MoE of the same expert count."""
+    from safetensors.torch import save_file
+
+    folder = make_checkpoint(tmp_path_factory.mktemp("mtp") / "model", "qwen3_next", seed=0, max_shard_size="300KB")
+    config = json.loads((folder / "config.json").read_text())
+    hidden, inter = config["hidden_size"], config["moe_intermediate_size"]
+    gen = torch.Generator().manual_seed(3)
+    mtp = {"mtp.layers.0.mlp.gate.weight": torch.randn(EXPERTS, hidden, generator=gen) *
+           torch.arange(1, EXPERTS + 1)[:, None]}  # row norms grow with the index: the top 4 are 4..7
+    for e in range(EXPERTS):
+        mtp[f"mtp.layers.0.mlp.experts.{e}.gate_proj.weight"] = torch.full((inter, hidden), float(e))
+        mtp[f"mtp.layers.0.mlp.experts.{e}.up_proj.weight"] = torch.full((inter, hidden), float(e))
+        mtp[f"mtp.layers.0.mlp.experts.{e}.down_proj.weight"] = torch.full((hidden, inter), float(e))
+    save_file({k: v.to(torch.bfloat16) for k, v in mtp.items()}, folder / "mtp.safetensors")
+    index_path = folder / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"].update({name: "mtp.safetensors" for name in mtp})
+    index_path.write_text(json.dumps(index))
+    kept = [[0, 1, 2, 3]] * config["num_hidden_layers"]
+    (folder.parent / "list.json").write_text(json.dumps({"experts": kept}))
+    out = prune(folder, folder.parent / "list.json", folder.parent / "pruned")
+    after = tensors(out)
+    assert [after[f"mtp.layers.0.mlp.experts.{j}.gate_proj.weight"][0, 0].item() for j in range(KEEP)] == [4, 5, 6, 7]
+    assert after["mtp.layers.0.mlp.gate.weight"].shape[0] == KEEP
+    assert "mtp.layers.0.mlp.experts.4.gate_proj.weight" not in after
