@@ -18,7 +18,7 @@ BUILD_VENV ?= $(KIT_CACHE)/venv-build-cpu-py$(PYVER)-$(BLDHASH)
 BPY       := $(BUILD_VENV)/bin/python
 export ARC_DATA
 
-.PHONY: env engine-env build-env test test-core dry-run simulate demo bench clean
+.PHONY: env engine-env build-env prune-demo test test-core dry-run simulate demo bench clean
 
 env: $(VENV)/.installed
 
@@ -73,6 +73,19 @@ demo: env
 simulate: env
 	$(PY) -m sim forecast --log sim/data/example_attempts.jsonl --tasks $(ARC_DATA)/arc-agi-2/evaluation \
 	    --profile moe-4xL4 --hidden-tasks 240 --runs 50 --sensitivity --sweep dense-27b-4xL4 --out $(OUT)/simulate
+
+# Expert pruning end to end on a tiny Qwen3-MoE: traces from real ARC tasks through the solver's prompt renderer,
+# routing statistics, expert lists and their report, the pruned checkpoint.
+PD = $(OUT)/prune-demo
+prune-demo: build-env
+	rm -rf $(PD) && mkdir -p $(PD)
+	$(BPY) -m build.tiny --arch qwen3_moe --out $(PD)/model --max-shard-size 300KB
+	$(BPY) -m build.traces --model $(PD)/model --tasks $(ARC_DATA)/arc-agi-2/training --max-tasks 24 \
+	    --out $(PD)/traces.jsonl
+	$(BPY) -m build.calibrate --model $(PD)/model --traces $(PD)/traces.jsonl --out $(PD)/stats.npz
+	$(BPY) -m build.experts --stats $(PD)/stats.npz --config build/lists-tiny.toml --out $(PD)/lists
+	$(BPY) -m build.prune --model $(PD)/model --list $(PD)/lists/c1.json --out $(PD)/pruned
+	@echo "pruned checkpoint: $(PD)/pruned (provenance in $(PD)/pruned/pruning.json)"
 
 bench: env
 	$(PY) benchmarks/sandbox_throughput.py

@@ -123,8 +123,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arch", default="qwen3", choices=["qwen3", "qwen3_moe", "qwen3_next"])
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-shard-size", default="50GB", help="e.g. 300KB for several shards")
     args = parser.parse_args(argv)
-    print(make_checkpoint(args.out, args.arch, args.seed))
+    print(make_checkpoint(args.out, args.arch, args.seed, args.max_shard_size))
 
 
 if __name__ == "__main__":
