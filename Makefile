@@ -87,9 +87,10 @@ prune-demo: build-env
 	$(BPY) -m build.prune --model $(PD)/model --list $(PD)/lists/c1.json --out $(PD)/pruned
 	@echo "pruned checkpoint: $(PD)/pruned (provenance in $(PD)/pruned/pruning.json)"
 
-bench: env
+bench: env build-env
 	$(PY) benchmarks/sandbox_throughput.py
 	$(PY) benchmarks/sim_speed.py
+	$(BPY) benchmarks/prune_and_calibrate.py
 
 clean:
 	rm -rf $(OUT) .pytest_cache .hypothesis

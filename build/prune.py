@@ -22,6 +22,7 @@ import json
 import re
 import shutil
 import sys
+import time
 from pathlib import Path
 
 ROUTER = r"(?:^|\.)layers\.(\d+)\.mlp\.gate\.weight$"
@@ -121,11 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args(argv)
+    started = time.perf_counter()
     try:
-        print(prune(args.model, args.list, args.out))
+        out = prune(args.model, args.list, args.out)
     except PruneError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    print(f"{out} (pruned in {time.perf_counter() - started:.2f} s)")
     return 0
 
 
