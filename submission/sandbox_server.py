@@ -356,11 +356,13 @@ def main() -> None:
                 reply, reap = collect(request, child, start)
             except Exception:  # noqa: BLE001 - report server bugs to the client instead of dying silently
                 reply, reap = json.dumps({"server_error": traceback.format_exc(limit=5)}).encode(), child.discard
+            if sweep:  # before the reply: when a check returns, nothing it started is still alive
+                reap()
+                _sweep_orphans(keep=spare.pid if spare else -1)
             stdout.write(reply + b"\n")
             stdout.flush()
-            reap()
-            if sweep:
-                _sweep_orphans(keep=spare.pid if spare else -1)
+            if not sweep:
+                reap()  # after the reply: the child's exit does not delay the caller
             spare = spare or Spare(scratch, seccomp)
     finally:
         if spare is not None:
