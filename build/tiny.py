@@ -6,8 +6,8 @@ No weights can be downloaded in this kit's environments, so every model path is 
 classes (Qwen3, Qwen3-MoE, Qwen3-Next), the same safetensors layout and the real special tokens (<|im_start|>,
 <|im_end|>, <think>, </think>, <|endoftext|>), with a Qwen3-style chat template whose generation prompt opens
 thinking. The tokenizer is a byte-level BPE trained on a small built-in corpus, digits split one per token as in
-Qwen's tokenizer. The output-head rows of <|im_end|> and <|endoftext|> are zeroed, the end-of-turn patch a real
-checkpoint gets from build/, so that (with top-k sampling) thinking is not cut short by an end of turn.
+Qwen's tokenizer. By default the output-head rows of <|im_end|> and <|endoftext|> are zeroed (build.patch_eot's
+end-of-turn patch, applied in memory), so that (with top-k sampling) thinking is not cut short by an end of turn.
 head_dim is 64 because vLLM's CPU attention rejects 16.
 """
 
@@ -96,9 +96,13 @@ def make_config(arch: str, vocab_size: int, eos_id: int, pad_id: int):
     raise ValueError(f"unknown architecture {arch!r}: qwen3, qwen3_moe or qwen3_next")
 
 
-def make_checkpoint(out: str | Path, arch: str = "qwen3", seed: int = 0, max_shard_size: str = "50GB") -> Path:
+def make_checkpoint(out: str | Path, arch: str = "qwen3", seed: int = 0, max_shard_size: str = "50GB",
+                    patched: bool = True, tied: bool = False) -> Path:
     """Write a tokenizer and a random-weight model of `arch` to `out` (bf16 safetensors, like a real release;
-    a small `max_shard_size` gives several shards, as real checkpoints have)."""
+    a small `max_shard_size` gives several shards, as real checkpoints have). `patched` applies the end-of-turn
+    patch in memory and records it as build.patch_eot does; `tied` ties the output head to the embeddings."""
+    from build.patch_eot import PATCH_KEY, end_token_ids
+
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -109,9 +113,13 @@ def make_checkpoint(out: str | Path, arch: str = "qwen3", seed: int = 0, max_sha
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     torch.manual_seed(seed)
     config = make_config(arch, len(tokenizer), eos_id, pad_id)
+    config.tie_word_embeddings = tied
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    with torch.no_grad():  # the end-of-turn patch a real checkpoint gets from build/ (SPEC section 2)
-        model.lm_head.weight[[eos_id, pad_id]] = 0
+    if patched:  # what build.patch_eot does to a real checkpoint (SPEC section 2), here in memory
+        ids = end_token_ids(tokenizer, {"eos_token_id": [eos_id, pad_id]})
+        with torch.no_grad():
+            model.lm_head.weight[ids] = 0
+        setattr(model.config, PATCH_KEY, {"end_of_turn_rows_zeroed": ids, "untied": False})
     model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
     model.save_pretrained(out, max_shard_size=max_shard_size)
     (out / "tiny.json").write_text(json.dumps({"arch": arch, "seed": seed, "made_by": "build.tiny"}))
