@@ -65,6 +65,12 @@ def compare(reference: str | Path, candidate: str | Path, traces: list[dict], th
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     think_end = AutoTokenizer.from_pretrained(reference).convert_tokens_to_ids("</think>")
+    if "quantization_config" in json.loads((Path(candidate) / "config.json").read_text()):
+        import tempfile
+
+        from build.quantize import dequantize_checkpoint
+
+        candidate = dequantize_checkpoint(candidate, Path(tempfile.mkdtemp(prefix="dequantised-")) / "model")
     sums = {name: {"ref": 0.0, "cand": 0.0, "n": 0} for name in BINS}
     ends = {"ref": [], "cand": []}
     for role, path in (("ref", reference), ("cand", candidate)):

@@ -1,0 +1,127 @@
+"""Quantisation recipes on a tiny Qwen3-MoE: NVFP4 bytes against an independent reference of the format, FP8 per
+channel, shared global scales of fused projections, untouched BF16 parts, the quantization_config, and a dequantised
+checkpoint that transformers loads. Needs the build environment (make build-env)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("compressed_tensors.entrypoints.convert.converters.magnitude_expert_pruner",
+                    reason="quantisation needs the build environment (make build-env)")
+
+import torch  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+
+from build.quantize import Recipe, Rule, dequantize_checkpoint, load_recipe, quantize, quantize_weights  # noqa: E402
+from build.tiny import make_checkpoint  # noqa: E402
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+RECIPE = "build/recipes/moe-4xL4.toml"
+
+
+def reference_nvfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """NVFP4 from its definition (LIBRARIES.md): global = 448*6/amax(W); block scale = fp8(global * amax_block / 6);
+    values = nearest E2M1 of W * global / block scale; element 2i in the low nibble."""
+    w = w.float()
+    global_scale = 448.0 * 6.0 / w.abs().max()
+    blocks = w.reshape(w.shape[0], -1, 16)
+    scale = (global_scale * blocks.abs().amax(-1) / 6.0).to(torch.float8_e4m3fn)
+    scaled = blocks / (scale.float() / global_scale)[..., None]
+    magnitude = (scaled.abs().clamp(max=6.0)[..., None] - E2M1).abs().argmin(-1)  # nearest (ties: the lower code)
+    codes = (magnitude | (scaled < 0).to(torch.long) << 3).reshape(w.shape[0], -1)  # -0 keeps its sign bit
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+    return packed, scale, global_scale.reshape(1)
+
+
+def test_nvfp4_matches_the_format_definition_byte_for_byte():
+    torch.manual_seed(0)
+    weights = {"layer.up_proj": torch.randn(64, 128) * 0.02, "layer.gate_proj": torch.randn(64, 128) * 0.05}
+    packed = quantize_weights(weights, "NVFP4A16")
+    joint = torch.cat([weights["layer.up_proj"], weights["layer.gate_proj"]])  # fused: one global scale
+    ref_packed, ref_scale, ref_global = reference_nvfp4(joint)
+    assert torch.equal(packed["layer.up_proj.weight_global_scale"], ref_global)
+    assert torch.equal(packed["layer.gate_proj.weight_global_scale"], ref_global)
+    assert torch.equal(torch.cat([packed["layer.up_proj.weight_packed"], packed["layer.gate_proj.weight_packed"]]),
+                       ref_packed)
+    assert torch.equal(torch.cat([packed["layer.up_proj.weight_scale"], packed["layer.gate_proj.weight_scale"]]).view(
+        torch.uint8), ref_scale.view(torch.uint8))
+
+
+def test_fp8_is_per_channel():
+    torch.manual_seed(1)
+    w = torch.randn(32, 64)
+    out = quantize_weights({"m.o_proj": w}, "FP8_DYNAMIC")
+    scale = w.abs().amax(1, keepdim=True) / 448.0
+    assert out["m.o_proj.weight"].dtype == torch.float8_e4m3fn and out["m.o_proj.weight_scale"].shape == (32, 1)
+    assert torch.allclose(out["m.o_proj.weight_scale"].float(), scale)
+    assert torch.equal(out["m.o_proj.weight"].view(torch.uint8), (w / scale).to(torch.float8_e4m3fn).view(torch.uint8))
+
+
+def test_recipes():
+    recipe = load_recipe("build/recipes/dense-27b-4xL4.toml")
+    assert recipe.scheme_for("model.layers.3.mlp.up_proj") == "NVFP4A16"
+    assert recipe.scheme_for("model.layers.60.mlp.up_proj") == "FP8_DYNAMIC"
+    assert recipe.scheme_for("model.layers.3.self_attn.q_proj") == "FP8_DYNAMIC"
+    assert recipe.scheme_for("model.layers.3.input_layernorm") == "BF16"
+    assert Recipe("r", (Rule(r"x", "FP8_DYNAMIC", (0, 1)),)).scheme_for("model.layers.2.x") == "BF16"
+
+
+def test_bad_recipe(tmp_path):
+    (tmp_path / "r.toml").write_text('[[rules]]\npattern = "x"\nscheme = "INT3"\n')
+    with pytest.raises(ValueError, match=r"rules\[0\]: needs pattern and scheme"):
+        load_recipe(tmp_path / "r.toml")
+    (tmp_path / "r.toml").write_text('[[rules]]\npattern = "("\nscheme = "BF16"\n')
+    with pytest.raises(ValueError, match=r"rules\[0\].pattern"):
+        load_recipe(tmp_path / "r.toml")
+
+
+def tensors(folder) -> dict[str, torch.Tensor]:
+    out = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(file, framework="pt") as f:
+            out.update({k: f.get_tensor(k) for k in f.keys()})
+    return out
+
+
+def test_quantised_checkpoint_layout_config_and_dequantised_load(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    source = make_checkpoint(tmp_path / "model", "qwen3_moe", seed=0, max_shard_size="300KB")
+    report = quantize(source, RECIPE, tmp_path / "q")
+    before, after = tensors(source), tensors(tmp_path / "q")
+    expert = "model.layers.1.mlp.experts.3"
+    assert after[f"{expert}.up_proj.weight_packed"].dtype == torch.uint8
+    assert torch.equal(after[f"{expert}.up_proj.weight_global_scale"], after[f"{expert}.gate_proj.weight_global_scale"])
+    assert after["model.layers.0.self_attn.q_proj.weight"].dtype == torch.float8_e4m3fn
+    for kept in ("model.layers.0.mlp.gate.weight", "model.embed_tokens.weight", "lm_head.weight",
+                 "model.layers.0.input_layernorm.weight"):
+        assert torch.equal(after[kept], before[kept])
+    config = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]
+    assert config["quant_method"] == "compressed-tensors" and config["quantization_status"] == "compressed"
+    targets = {t for group in config["config_groups"].values() for t in group["targets"]}
+    assert f"{expert}.down_proj" in targets and "model.layers.1.self_attn.o_proj" in targets
+    assert all(0 < row["relative_error"] < 0.2 for row in report.values())
+
+    plain = dequantize_checkpoint(tmp_path / "q", tmp_path / "deq")
+    model = AutoModelForCausalLM.from_pretrained(plain, dtype=torch.float32)
+    original = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    restored = model.model.layers[1].mlp.experts.gate_up_proj[3]
+    reference = original.model.layers[1].mlp.experts.gate_up_proj[3]
+    assert 0 < (restored - reference).norm() / reference.norm() < 0.2  # quantised, and close
+    ids = torch.randint(0, original.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.isfinite(model(ids).logits).all()
+
+
+def test_likelihood_check_dequantises_a_quantised_candidate(tmp_path):
+    from build.check_quality import compare
+
+    source = make_checkpoint(tmp_path / "model", "qwen3", seed=0)
+    quantize(source, "build/recipes/dense-27b-4xL4.toml", tmp_path / "q")
+    ids = list(range(5, 60))
+    trace = {"task_id": "t", "token_ids": ids, "program": [0, 0],
+             "segments": {"prompt": [0, 10], "thinking": [10, 50], "answer": [50, len(ids)]}}
+    quality = compare(source, tmp_path / "q", [trace])
+    assert quality.nll_candidate != quality.nll_reference and abs(quality.difference) < 1.0
