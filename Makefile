@@ -91,6 +91,7 @@ bench: env build-env
 	$(PY) benchmarks/sandbox_throughput.py
 	$(PY) benchmarks/sim_speed.py
 	$(BPY) benchmarks/prune_and_calibrate.py
+	$(BPY) benchmarks/quantize_throughput.py
 
 clean:
 	rm -rf $(OUT) .pytest_cache .hypothesis

@@ -108,13 +108,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference", required=True, type=Path)
     parser.add_argument("--candidate", required=True, type=Path)
     parser.add_argument("--traces", required=True, type=Path)
-    parser.add_argument("--threshold", type=float, default=0.02, help="largest NLL increase allowed, nats/token")
+    parser.add_argument("--threshold", type=float, help="largest NLL increase allowed, nats/token (default: the "
+                                                         "recipe's check.max_nll_increase, else 0.02)")
+    parser.add_argument("--recipe", type=Path, help="the quantisation recipe the candidate was made with")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    threshold = args.threshold
+    if threshold is None:
+        from build.quantize import load_recipe
+
+        threshold = load_recipe(args.recipe).max_nll_increase if args.recipe else 0.02
     try:
-        quality = compare(args.reference, args.candidate, read_traces(args.traces), args.threshold,
-                          device=args.device)
+        quality = compare(args.reference, args.candidate, read_traces(args.traces), threshold, device=args.device)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -13,7 +13,8 @@ together). The quantisation itself is compressed-tensors' own (`calculate_qparam
 FP8 compressors), so the tensors are the library's byte for byte. The `quantization_config` written into config.json
 is compressed-tensors' (one config group per scheme, explicit module names as targets). A per-tensor report
 (`quantization_report.json`: scheme, relative error of the dequantised weight) comes with the output.
-Not yet: W4A4 and static FP8 activation scales, and FP8 KV-cache scale calibration (issue 6 says what remains).
+With `--kv-tasks`, FP8 KV-cache scales calibrated on the solver's own prompts of those tasks (build.kv_scales) are
+added, with the `kv_cache_scheme` vLLM reads. Not yet: W4A4 and static FP8 activations with calibrated input scales.
 """
 
 from __future__ import annotations
@@ -134,11 +135,13 @@ def dequantize(state: dict[str, "torch.Tensor"], module: str, scheme_name: str) 
 
 
 class RecipeQuantizer:
-    """A compressed-tensors converter that applies a recipe to every Linear weight it is handed."""
+    """A compressed-tensors converter that applies a recipe to every Linear weight it is handed, and adds the FP8
+    KV-cache scales (`kv_scales`: tensor name -> scale) to the shard holding each attention layer's k_proj."""
 
-    def __init__(self, recipe: Recipe, weight_names: set[str]):
+    def __init__(self, recipe: Recipe, weight_names: set[str], kv_scales: dict[str, float] | None = None):
         self.recipe = recipe
         self.names = weight_names
+        self.kv_scales = kv_scales or {}
         self.targets: dict[str, list[str]] = {s: [] for s in FORMATS}
         self.report: dict[str, dict] = {}
 
@@ -156,6 +159,13 @@ class RecipeQuantizer:
         import torch
 
         out, groups = {}, {}
+        for name in tensors:
+            if name.endswith(".k_proj.weight"):
+                attention = name[:-len(".k_proj.weight")]
+                for kind in ("k_scale", "v_scale"):
+                    if f"{attention}.{kind}" in self.kv_scales:
+                        out[f"{attention}.{kind}"] = torch.tensor(self.kv_scales[f"{attention}.{kind}"],
+                                                                  dtype=torch.float32)
         for name, tensor in tensors.items():
             scheme = self._quantisable(name, tensor)
             if scheme is None:
@@ -196,14 +206,20 @@ class RecipeQuantizer:
         groups = {f"group_{i}": _scheme(scheme, sorted(modules))
                   for i, (scheme, modules) in enumerate(self.targets.items()) if modules}
         formats = {FORMATS[s] for s, modules in self.targets.items() if modules}
+        kv = None
+        if self.kv_scales:
+            from compressed_tensors.quantization import QuantizationArgs
+
+            kv = QuantizationArgs(num_bits=8, type="float", strategy="tensor", dynamic=False, symmetric=True)
         return QuantizationConfig(config_groups=groups, format=formats.pop() if len(formats) == 1 else "mixed-precision",
-                                  quantization_status="compressed")
+                                  quantization_status="compressed", kv_cache_scheme=kv)
 
     def update_model_config(self, model_config: dict) -> dict:
         return model_config
 
 
-def quantize(model: str | Path, recipe_path: str | Path, out: str | Path) -> dict[str, dict]:
+def quantize(model: str | Path, recipe_path: str | Path, out: str | Path,
+             kv_scales: dict[str, float] | None = None) -> dict[str, dict]:
     from compressed_tensors.entrypoints.convert import convert_checkpoint
     from compressed_tensors.utils.safetensors_load import get_checkpoint_files, get_weight_map
 
@@ -212,11 +228,12 @@ def quantize(model: str | Path, recipe_path: str | Path, out: str | Path) -> dic
         raise ValueError(f"{out}: already exists; refusing to overwrite")
     recipe = load_recipe(recipe_path)
     names = set(get_weight_map(get_checkpoint_files(str(model))))
-    quantizer = RecipeQuantizer(recipe, names)
+    quantizer = RecipeQuantizer(recipe, names, kv_scales)
     partial = out.with_name(out.name + ".partial")
     convert_checkpoint(str(model), str(partial), converter=quantizer, max_workers=1, device="cpu")
     (partial / "quantization_report.json").write_text(json.dumps(
-        {"recipe": recipe.name, "recipe_file": str(Path(recipe_path).resolve()), "tensors": quantizer.report},
+        {"recipe": recipe.name, "recipe_file": str(Path(recipe_path).resolve()), "tensors": quantizer.report,
+         "kv_scales": kv_scales or {}},
         indent=1))
     partial.rename(out)
     return quantizer.report
@@ -239,9 +256,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, type=Path)
     parser.add_argument("--recipe", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--kv-tasks", type=Path, help="ARC tasks whose solver prompts calibrate FP8 KV-cache scales")
+    parser.add_argument("--kv-samples", type=int, default=256)
     args = parser.parse_args(argv)
     try:
-        report = quantize(args.model, args.recipe, args.out)
+        kv = None
+        if args.kv_tasks:
+            from build.kv_scales import calibration_prompts, kv_amax, scales
+            from submission.tasks import load_tasks
+
+            prompts = calibration_prompts(args.model, load_tasks(args.kv_tasks).tasks, args.kv_samples)
+            kv = scales(kv_amax(args.model, prompts))
+        report = quantize(args.model, args.recipe, args.out, kv)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -125,3 +125,42 @@ def test_likelihood_check_dequantises_a_quantised_candidate(tmp_path):
              "segments": {"prompt": [0, 10], "thinking": [10, 50], "answer": [50, len(ids)]}}
     quality = compare(source, tmp_path / "q", [trace])
     assert quality.nll_candidate != quality.nll_reference and abs(quality.difference) < 1.0
+
+
+def test_kv_cache_scales(tmp_path, arc_data):
+    from build.kv_scales import FP8_MAX, calibration_prompts, kv_amax, scales
+    from submission.tasks import load_tasks
+
+    source = make_checkpoint(tmp_path / "model", "qwen3", seed=0)
+    prompts = calibration_prompts(source, load_tasks(arc_data / "arc-agi-2" / "training").tasks, 3)
+    amax = kv_amax(source, prompts)
+    assert sorted(amax) == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+    kv = scales(amax)
+    quantize(source, RECIPE, tmp_path / "q", kv)
+    after = tensors(tmp_path / "q")
+    assert after["model.layers.1.self_attn.k_scale"].item() == pytest.approx(amax["model.layers.1.self_attn"][0] / FP8_MAX)
+    assert after["model.layers.0.self_attn.v_scale"].item() > 0
+    scheme = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]["kv_cache_scheme"]
+    assert scheme["num_bits"] == 8 and scheme["type"] == "float" and scheme["dynamic"] is False
+
+    # the key bound covers the keys after RoPE at every position of the prompts
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    captured = []
+    import transformers.models.qwen3.modeling_qwen3 as qwen3
+
+    real_rope = qwen3.apply_rotary_pos_emb
+
+    def spy(q, k, cos, sin, *a, **kw):
+        q2, k2 = real_rope(q, k, cos, sin, *a, **kw)
+        captured.append(k2.abs().max().item())
+        return q2, k2
+
+    qwen3.apply_rotary_pos_emb = spy
+    try:
+        with torch.no_grad():
+            model(torch.tensor([prompts[0]]))
+    finally:
+        qwen3.apply_rotary_pos_emb = real_rope
+    assert captured and max(captured) <= max(k for k, _ in amax.values()) * (1 + 1e-5)
