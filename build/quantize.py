@@ -5,7 +5,9 @@
 A recipe is data: ordered rules from a module-name pattern (a regex on names such as `model.layers.3.mlp.experts.7.
 up_proj`, optionally limited to a layer range) to a scheme; the first matching rule wins and unmatched modules stay
 as they are (BF16). Schemes: `NVFP4A16` (E2M1 weights, FP8 E4M3 scale per 16, FP32 global scale; weight-only FP4
-kernels on the L4), `FP8_DYNAMIC` (FP8 weights per channel, dynamic per-token activations), `BF16` (keep).
+kernels on the L4), `NVFP4` (W4A4: the same weights and a calibrated input global scale), `FP8_DYNAMIC` (FP8 weights
+per channel, dynamic per-token activations), `FP8` (per-tensor FP8 weights and a calibrated static input scale),
+`BF16` (keep). Static schemes need `--calibration-tasks` (build.input_scales).
 
 Weights are upcast to fp32 before quantising (bf16 division flips ~0.5% of the nibbles). Fused projections share one
 global scale, since vLLM reads only the first: a layer's q/k/v, and each expert's gate/up (the converter loads them
@@ -13,8 +15,8 @@ together). The quantisation itself is compressed-tensors' own (`calculate_qparam
 FP8 compressors), so the tensors are the library's byte for byte. The `quantization_config` written into config.json
 is compressed-tensors' (one config group per scheme, explicit module names as targets). A per-tensor report
 (`quantization_report.json`: scheme, relative error of the dequantised weight) comes with the output.
-With `--kv-tasks`, FP8 KV-cache scales calibrated on the solver's own prompts of those tasks (build.kv_scales) are
-added, with the `kv_cache_scheme` vLLM reads. Not yet: W4A4 and static FP8 activations with calibrated input scales.
+With `--calibration-tasks`, FP8 KV-cache scales calibrated on the solver's own prompts of those tasks
+(build.kv_scales) are added too, with the `kv_cache_scheme` vLLM reads.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-SCHEMES = ("NVFP4A16", "FP8_DYNAMIC", "BF16")
-FORMATS = {"NVFP4A16": "nvfp4-pack-quantized", "FP8_DYNAMIC": "float-quantized"}
+SCHEMES = ("NVFP4A16", "NVFP4", "FP8_DYNAMIC", "FP8", "BF16")
+FORMATS = {"NVFP4A16": "nvfp4-pack-quantized", "NVFP4": "nvfp4-pack-quantized", "FP8_DYNAMIC": "float-quantized",
+           "FP8": "float-quantized"}
+STATIC = ("NVFP4", "FP8")  # schemes whose activation scales are calibrated (build.input_scales)
 FUSED = (re.compile(r"^(.*\.self_attn)\.(q|k|v)_proj$"), re.compile(r"^(.*\.experts\.\d+)\.(gate|up)_proj$"))
 
 
@@ -93,9 +97,11 @@ def _scheme(name: str, targets: list[str]):
     return preset_name_to_scheme(name, targets)
 
 
-def quantize_weights(weights: dict[str, "torch.Tensor"], scheme_name: str) -> dict[str, "torch.Tensor"]:
+def quantize_weights(weights: dict[str, "torch.Tensor"], scheme_name: str,
+                     input_amax: dict[str, float] | None = None) -> dict[str, "torch.Tensor"]:
     """Quantise the weights of one fused group (or one module) with one scheme. Keys are module names; returns the
-    compressed tensors keyed by full tensor name. Pure (no I/O)."""
+    compressed tensors keyed by full tensor name. Static schemes take each module's calibrated input amax (a fused
+    group shares the largest, as it shares its input). Pure (no I/O)."""
     import torch
     from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
     from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
@@ -105,7 +111,16 @@ def quantize_weights(weights: dict[str, "torch.Tensor"], scheme_name: str) -> di
     args = scheme.weights
     out = {}
     upcast = {name: w.to(torch.float32) for name, w in weights.items()}
-    if scheme_name == "NVFP4A16":
+    extra: dict[str, torch.Tensor] = {}
+    if scheme_name in STATIC:
+        missing = [name for name in weights if name not in (input_amax or {})]
+        if missing:
+            raise ValueError(f"static scheme {scheme_name} needs calibrated inputs for {missing[:3]} "
+                             "(pass --calibration-tasks)")
+        amax = torch.tensor([max(input_amax[name] for name in weights)], dtype=torch.float32)
+        extra = ({"input_global_scale": generate_gparam(-amax, amax)} if scheme_name == "NVFP4"
+                 else {"input_scale": amax / 448.0})
+    if scheme_name in ("NVFP4A16", "NVFP4"):
         low = torch.stack([w.min() for w in upcast.values()]).min()
         high = torch.stack([w.max() for w in upcast.values()]).max()
         global_scale = generate_gparam(low.reshape(1), high.reshape(1))  # shared across the fused group
@@ -115,11 +130,16 @@ def quantize_weights(weights: dict[str, "torch.Tensor"], scheme_name: str) -> di
             state = NVFP4PackedCompressor.compress(  # each member stores its own copy of the shared global scale
                 {"weight": w, "weight_scale": scale, "weight_global_scale": global_scale.clone()}, scheme)
             out.update({f"{name}.{k}": v for k, v in state.items()})
-    elif scheme_name == "FP8_DYNAMIC":
+            out.update({f"{name}.{k}": v.clone() for k, v in extra.items()})
+    elif scheme_name in ("FP8_DYNAMIC", "FP8"):
         for name, w in upcast.items():
-            scale, _ = calculate_qparams(w.amin(1, keepdim=True), w.amax(1, keepdim=True), args)
+            if scheme_name == "FP8":  # per tensor
+                scale, _ = calculate_qparams(w.min().reshape(1), w.max().reshape(1), args)
+            else:  # per output channel
+                scale, _ = calculate_qparams(w.amin(1, keepdim=True), w.amax(1, keepdim=True), args)
             state = FloatQuantizationCompressor.compress({"weight": w, "weight_scale": scale}, scheme)
             out.update({f"{name}.{k}": v for k, v in state.items()})
+            out.update({f"{name}.{k}": v.clone() for k, v in extra.items()})
     else:
         raise ValueError(f"not a quantising scheme: {scheme_name}")
     return out
@@ -130,7 +150,7 @@ def dequantize(state: dict[str, "torch.Tensor"], module: str, scheme_name: str) 
     from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
 
     local = {k[len(module) + 1:]: v for k, v in state.items() if k.startswith(module + ".")}
-    compressor = NVFP4PackedCompressor if scheme_name == "NVFP4A16" else FloatQuantizationCompressor
+    compressor = NVFP4PackedCompressor if scheme_name.startswith("NVFP4") else FloatQuantizationCompressor
     return compressor.decompress(local, _scheme(scheme_name, [module]))["weight"]
 
 
@@ -138,10 +158,12 @@ class RecipeQuantizer:
     """A compressed-tensors converter that applies a recipe to every Linear weight it is handed, and adds the FP8
     KV-cache scales (`kv_scales`: tensor name -> scale) to the shard holding each attention layer's k_proj."""
 
-    def __init__(self, recipe: Recipe, weight_names: set[str], kv_scales: dict[str, float] | None = None):
+    def __init__(self, recipe: Recipe, weight_names: set[str], kv_scales: dict[str, float] | None = None,
+                 input_amax: dict[str, float] | None = None):
         self.recipe = recipe
         self.names = weight_names
         self.kv_scales = kv_scales or {}
+        self.input_amax = input_amax or {}
         self.targets: dict[str, list[str]] = {s: [] for s in FORMATS}
         self.report: dict[str, dict] = {}
 
@@ -175,16 +197,35 @@ class RecipeQuantizer:
             key = (fused_group(module) or module, scheme)
             groups.setdefault(key, {})[module] = tensor
         for (_, scheme), weights in groups.items():
-            packed = quantize_weights(weights, scheme)
+            packed = quantize_weights(weights, scheme, self._amax_for(weights) if scheme in STATIC else None)
             out.update(packed)
             if tensors and next(iter(weights.values())).device.type != "meta":
                 for module, w in weights.items():
                     restored = dequantize(packed, module, scheme).to(torch.float32)
                     original = w.to(torch.float32)
-                    self.report[module] = {"scheme": scheme, "relative_error": float(
-                        (restored - original).norm() / original.norm().clamp(min=1e-12))}
+                    self.report.setdefault(module, {}).update({"scheme": scheme, "relative_error": float(
+                        (restored - original).norm() / original.norm().clamp(min=1e-12))})
                     if module not in self.targets[scheme]:
                         self.targets[scheme].append(module)
+        return out
+
+    def _amax_for(self, weights: dict) -> dict[str, float]:
+        """Calibrated input amax per module; an expert no calibration token was routed to takes the largest of its
+        layer's experts for the same projection (conservative), noted in the report."""
+        out = {}
+        for module in weights:
+            if module in self.input_amax:
+                out[module] = self.input_amax[module]
+                continue
+            if ".experts." not in module:
+                continue
+            prefix, rest = module.split(".experts.", 1)
+            projection = rest.split(".", 1)[1]
+            values = [v for name, v in self.input_amax.items()
+                      if name.startswith(prefix + ".experts.") and name.endswith("." + projection)]
+            if values:
+                out[module] = max(values)
+                self.report.setdefault(module, {})["input_scale_from"] = "largest of the layer's experts (not routed)"
         return out
 
     def validate(self, tensors: dict) -> dict:
@@ -219,7 +260,7 @@ class RecipeQuantizer:
 
 
 def quantize(model: str | Path, recipe_path: str | Path, out: str | Path,
-             kv_scales: dict[str, float] | None = None) -> dict[str, dict]:
+             kv_scales: dict[str, float] | None = None, input_amax: dict[str, float] | None = None) -> dict[str, dict]:
     from compressed_tensors.entrypoints.convert import convert_checkpoint
     from compressed_tensors.utils.safetensors_load import get_checkpoint_files, get_weight_map
 
@@ -228,7 +269,7 @@ def quantize(model: str | Path, recipe_path: str | Path, out: str | Path,
         raise ValueError(f"{out}: already exists; refusing to overwrite")
     recipe = load_recipe(recipe_path)
     names = set(get_weight_map(get_checkpoint_files(str(model))))
-    quantizer = RecipeQuantizer(recipe, names, kv_scales)
+    quantizer = RecipeQuantizer(recipe, names, kv_scales, input_amax)
     partial = out.with_name(out.name + ".partial")
     convert_checkpoint(str(model), str(partial), converter=quantizer, max_workers=1, device="cpu")
     (partial / "quantization_report.json").write_text(json.dumps(
@@ -256,18 +297,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, type=Path)
     parser.add_argument("--recipe", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--kv-tasks", type=Path, help="ARC tasks whose solver prompts calibrate FP8 KV-cache scales")
-    parser.add_argument("--kv-samples", type=int, default=256)
+    parser.add_argument("--calibration-tasks", type=Path,
+                        help="ARC tasks whose solver prompts calibrate FP8 KV-cache and static input scales")
+    parser.add_argument("--samples", type=int, default=256, help="calibration prompts (one per task)")
     args = parser.parse_args(argv)
     try:
-        kv = None
-        if args.kv_tasks:
+        kv = amax = None
+        if args.calibration_tasks:
+            from build.input_scales import input_amax
             from build.kv_scales import calibration_prompts, kv_amax, scales
             from submission.tasks import load_tasks
 
-            prompts = calibration_prompts(args.model, load_tasks(args.kv_tasks).tasks, args.kv_samples)
+            prompts = calibration_prompts(args.model, load_tasks(args.calibration_tasks).tasks, args.samples)
             kv = scales(kv_amax(args.model, prompts))
-        report = quantize(args.model, args.recipe, args.out, kv)
+            amax = input_amax(args.model, prompts)
+        report = quantize(args.model, args.recipe, args.out, kv, amax)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

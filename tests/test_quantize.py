@@ -164,3 +164,39 @@ def test_kv_cache_scales(tmp_path, arc_data):
     finally:
         qwen3.apply_rotary_pos_emb = real_rope
     assert captured and max(captured) <= max(k for k, _ in amax.values()) * (1 + 1e-5)
+
+
+def test_static_schemes_carry_calibrated_input_scales(tmp_path, arc_data):
+    from build.input_scales import input_amax
+    from build.kv_scales import calibration_prompts
+    from submission.tasks import load_tasks
+
+    source = make_checkpoint(tmp_path / "model", "qwen3_moe", seed=0)
+    prompts = calibration_prompts(source, load_tasks(arc_data / "arc-agi-2" / "training").tasks, 2)
+    amax = input_amax(source, prompts)
+    assert amax["model.layers.0.self_attn.q_proj"] == amax["model.layers.0.self_attn.k_proj"]  # the same input
+    assert amax["model.layers.0.mlp.experts.3.gate_proj"] > 0 and "lm_head" in amax
+    recipe = tmp_path / "static.toml"
+    recipe.write_text(r"""
+[[rules]]
+pattern = '\.experts\.\d+\.(gate|up|down)_proj$'
+scheme = "NVFP4"
+[[rules]]
+pattern = '\.self_attn\.(q|k|v|o)_proj$'
+scheme = "FP8"
+""")
+    with pytest.raises(ValueError, match="needs calibrated inputs"):
+        quantize(source, recipe, tmp_path / "nope")
+    quantize(source, recipe, tmp_path / "q", input_amax=amax)
+    after = tensors(tmp_path / "q")
+    o = "model.layers.1.self_attn.o_proj"
+    assert after[f"{o}.input_scale"].item() == pytest.approx(amax[o] / 448.0)
+    assert after[f"{o}.weight_scale"].numel() == 1  # per tensor
+    down = "model.layers.0.mlp.experts.5.down_proj"
+    assert after[f"{down}.input_global_scale"].item() == pytest.approx(448.0 * 6.0 / amax[down], rel=1e-6)
+    groups = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]["config_groups"]
+    # FP8: a static input scale; NVFP4 (W4A4): a static global scale with per-group local scales made at run time
+    assert sorted(str(g["input_activations"]["dynamic"]) for g in groups.values()) == ["False", "local"]
+    report = json.loads((tmp_path / "q" / "quantization_report.json").read_text())["tensors"]
+    unrouted = [m for m, row in report.items() if "input_scale_from" in row]
+    assert all(m not in amax for m in unrouted)  # only experts calibration never reached borrow a scale
