@@ -18,7 +18,7 @@ BUILD_VENV ?= $(KIT_CACHE)/venv-build-cpu-py$(PYVER)-$(BLDHASH)
 BPY       := $(BUILD_VENV)/bin/python
 export ARC_DATA
 
-.PHONY: env engine-env build-env prune-demo test test-core dry-run simulate demo bench clean
+.PHONY: env engine-env build-env prune-demo wheels bundle test test-core dry-run simulate demo bench clean
 
 env: $(VENV)/.installed
 
@@ -49,7 +49,7 @@ $(ENGINE_VENV)/.installed: requirements/core.txt requirements/engine-cpu.txt
 # checkpoint-surgery tests in the build environment (compressed-tensors' converter is newer than vLLM's pin).
 test: engine-env build-env
 	$(EPY) -m pytest -q tests
-	$(BPY) -m pytest -q tests/test_prune.py tests/test_patch_eot.py tests/test_quantize.py
+	$(BPY) -m pytest -q tests/test_prune.py tests/test_patch_eot.py tests/test_quantize.py tests/test_pipeline.py
 
 # The suite without the engine environment (engine tests skip): CI runs it on the second Python version.
 test-core: env
@@ -86,6 +86,22 @@ prune-demo: build-env
 	$(BPY) -m build.experts --stats $(PD)/stats.npz --config build/lists-tiny.toml --out $(PD)/lists
 	$(BPY) -m build.prune --model $(PD)/model --list $(PD)/lists/c1.json --out $(PD)/pruned
 	@echo "pruned checkpoint: $(PD)/pruned (provenance in $(PD)/pruned/pruning.json)"
+
+# The locked wheels of a bundle target, downloaded into ~/.cache/arc-kit/wheels/TARGET and checked against
+# offline_wheels/locks/TARGET.txt.
+TARGET ?= cpu-py311
+wheels: env
+	$(PY) -m offline_wheels.lock --target $(TARGET) --fetch
+
+# The offline Kaggle dataset. By default the CPU demo: a tiny Qwen3 for the cpu-tiny profile. For a real model:
+#   make bundle PROFILE=moe-4xL4 TARGET=kaggle-gpu-py311 MODEL=/ckpt LIST=lists/c8.json \
+#               RECIPE=build/recipes/moe-4xL4.toml CALIBRATION_TASKS=$(ARC_DATA)/arc-agi-2/training
+PROFILE ?= cpu-tiny
+bundle: build-env
+	rm -rf $(OUT)/bundle
+	$(BPY) -m build.pipeline --profile $(PROFILE) --target $(TARGET) --out $(OUT)/bundle \
+	    $(if $(MODEL),--model $(MODEL)) $(if $(LIST),--list $(LIST)) $(if $(RECIPE),--recipe $(RECIPE)) \
+	    $(if $(CALIBRATION_TASKS),--calibration-tasks $(CALIBRATION_TASKS))
 
 bench: env build-env
 	$(PY) benchmarks/sandbox_throughput.py

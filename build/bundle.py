@@ -1,0 +1,135 @@
+"""Lay out the offline Kaggle dataset: wheels, model, kit code and a manifest of checksums.
+
+    python -m build.bundle --profile NAME --model DIR --out DIR [--target cpu-py311] [--id user/slug]
+    python -m build.bundle verify DIR
+
+Layout: `wheels/` (the target's locked wheels, offline_wheels/), `model/` (the checkpoint to serve), `kit/` (the
+solver's code, the profiles, the runtime requirements and the bundle's profile name), `manifest.json` (every file
+with size and sha256, the lock, the kit's git commit, the model's provenance: source, expert list, recipe, patch, as
+build/ recorded them) and `dataset-metadata.json` for the Kaggle CLI (`kaggle datasets create -p DIR`). Files above
+`--max-file-bytes` are split into numbered parts and reassembled at boot (submission/boot.py). `verify` re-checks
+every hash and says what is wrong. The notebook is kaggle/notebook.ipynb (build.notebook).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from offline_wheels.lock import LOCKS, fetch, sha256, target as target_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+KIT_PATHS = ("submission", "profiles", "requirements", "examples")
+PART = ".part"
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _provenance(model: Path) -> dict:
+    out: dict = {"source": str(model.resolve())}
+    config = json.loads((model / "config.json").read_text()) if (model / "config.json").exists() else {}
+    for name, key in (("pruning.json", "pruning"), ("quantization_report.json", "quantization")):
+        if (model / name).exists():
+            raw = json.loads((model / name).read_text())
+            out[key] = {k: v for k, v in raw.items() if k not in ("tensors", "kept")}
+    if "arc_kit_patches" in config:
+        out["patches"] = config["arc_kit_patches"]
+    return out
+
+
+def _split(path: Path, limit: int) -> None:
+    with open(path, "rb") as f:
+        number = 0
+        while chunk := f.read(limit):
+            (path.parent / f"{path.name}{PART}{number:03d}").write_bytes(chunk)
+            number += 1
+    path.unlink()
+
+
+def manifest_files(out: Path) -> dict[str, dict]:
+    return {str(p.relative_to(out)): {"bytes": p.stat().st_size, "sha256": sha256(p)}
+            for p in sorted(out.rglob("*")) if p.is_file() and p.name not in ("manifest.json",)}
+
+
+def bundle(profile: str, model: Path, out: Path, target: str = "cpu-py311", dataset_id: str = "user/arc-kit-bundle",
+           max_file_bytes: int = 20 * 2**30) -> Path:
+    from submission.config import load_profile
+
+    load_profile(profile)  # refuse an unknown or broken profile before copying gigabytes
+    if out.exists():
+        raise ValueError(f"{out}: already exists; refusing to overwrite")
+    if not (model / "config.json").exists():
+        raise ValueError(f"{model}: no config.json: not a checkpoint")
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    (partial / "wheels").mkdir(parents=True)
+    for wheel in sorted(fetch(target).glob("*.whl")):
+        shutil.copy2(wheel, partial / "wheels" / wheel.name)
+    shutil.copytree(model, partial / "model")
+    for name in KIT_PATHS:
+        shutil.copytree(ROOT / name, partial / "kit" / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (partial / "kit" / "bundle.json").write_text(json.dumps(
+        {"profile": profile, "target": target, "requirements": target_spec(target)["requirements"]}))
+    for path in sorted(partial.rglob("*")):
+        if path.is_file() and path.stat().st_size > max_file_bytes:
+            _split(path, max_file_bytes)
+    (partial / "dataset-metadata.json").write_text(json.dumps(
+        {"title": dataset_id.split("/")[-1], "id": dataset_id, "licenses": [{"name": "other"}]}, indent=1))
+    manifest = {"files": manifest_files(partial), "lock": (LOCKS / f"{target}.txt").read_text(),
+                "target": target, "profile": profile, "kit_commit": _git_commit(), "model": _provenance(model),
+                "split_part_suffix": PART}
+    (partial / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    partial.rename(out)
+    return out
+
+
+def verify(folder: Path) -> list[str]:
+    """What is wrong with a bundle (empty if nothing): missing, changed or unexpected files."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    problems = []
+    for name, entry in manifest["files"].items():
+        path = folder / name
+        if not path.exists():
+            problems.append(f"missing: {name}")
+        elif path.stat().st_size != entry["bytes"] or sha256(path) != entry["sha256"]:
+            problems.append(f"changed: {name} (sha256 or size differs from the manifest)")
+    listed = set(manifest["files"]) | {"manifest.json"}
+    problems += [f"not in the manifest: {p.relative_to(folder)}" for p in sorted(folder.rglob("*"))
+                 if p.is_file() and str(p.relative_to(folder)) not in listed]
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["verify"]:
+        problems = verify(Path(argv[1]))
+        print("\n".join(problems) if problems else f"{argv[1]}: every file matches the manifest")
+        return 1 if problems else 0
+    parser = argparse.ArgumentParser(prog="python -m build.bundle", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", required=True)
+    parser.add_argument("--model", required=True, type=Path)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--target", default="cpu-py311")
+    parser.add_argument("--id", default="user/arc-kit-bundle", help="the Kaggle dataset id")
+    parser.add_argument("--max-file-bytes", type=int, default=20 * 2**30)
+    args = parser.parse_args(argv)
+    try:
+        print(bundle(args.profile, args.model, args.out, args.target, args.id, args.max_file_bytes))
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

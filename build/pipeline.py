@@ -1,0 +1,69 @@
+"""From a checkpoint to a Kaggle dataset in one command: prune, quantise, patch, bundle (each step optional).
+
+    python -m build.pipeline --profile NAME --target TARGET --out DIR [--model DIR] [--list LIST.json]
+                             [--recipe RECIPE.toml] [--calibration-tasks ARC_DIR]
+
+Without --model a tiny random-weight Qwen3 is built (the CPU demo). A step runs when its input is given (--list:
+build.prune; --recipe: build.quantize); the end-of-turn patch runs unless the checkpoint records it already; then
+build.bundle lays out DIR/dataset and verifies it. Intermediate checkpoints stay in DIR/steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from build.bundle import bundle, verify
+from build.patch_eot import PATCH_KEY, patch
+from build.prune import prune
+from build.quantize import quantize
+
+
+def run(profile: str, target: str, out: Path, model: Path | None = None, expert_list: Path | None = None,
+        recipe: Path | None = None, calibration_tasks: Path | None = None) -> Path:
+    steps = out / "steps"
+    steps.mkdir(parents=True, exist_ok=True)
+    if model is None:
+        from build.tiny import make_checkpoint
+
+        model = make_checkpoint(steps / "tiny", "qwen3", seed=0)
+    if expert_list is not None:
+        model = prune(model, expert_list, steps / "pruned")
+    if recipe is not None:
+        kv = amax = None
+        if calibration_tasks is not None:
+            from build.input_scales import input_amax
+            from build.kv_scales import calibration_prompts, kv_amax, scales
+            from submission.tasks import load_tasks
+
+            prompts = calibration_prompts(model, load_tasks(calibration_tasks).tasks, 256)
+            kv, amax = scales(kv_amax(model, prompts)), input_amax(model, prompts)
+        quantize(model, recipe, steps / "quantized", kv, amax)
+        model = steps / "quantized"
+    if PATCH_KEY not in json.loads((model / "config.json").read_text()):
+        patch(model, steps / "patched")
+        model = steps / "patched"
+    dataset = bundle(profile, model, out / "dataset", target)
+    problems = verify(dataset)
+    if problems:
+        raise ValueError(f"{dataset}: " + "; ".join(problems))
+    return dataset
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m build.pipeline", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", required=True)
+    parser.add_argument("--target", default="cpu-py311")
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--model", type=Path)
+    parser.add_argument("--list", type=Path)
+    parser.add_argument("--recipe", type=Path)
+    parser.add_argument("--calibration-tasks", type=Path)
+    args = parser.parse_args(argv)
+    dataset = run(args.profile, args.target, args.out, args.model, args.list, args.recipe, args.calibration_tasks)
+    print(f"{dataset}: verified; upload with `kaggle datasets create -p {dataset}`")
+
+
+if __name__ == "__main__":
+    main()

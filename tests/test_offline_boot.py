@@ -1,0 +1,93 @@
+"""The offline bundle boots with the network cut: a tiny bundle (CPU target, tiny model) installs into a fresh virtual
+environment from its own wheels only and answers three ARC-AGI-2 evaluation tasks; a bundle missing a wheel fails
+with a message naming it and still leaves a complete [[0]] answer file. Needs the engine environment and the CPU
+target's wheels (fetched into ~/.cache/arc-kit/wheels on first use: about 500 MB)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="the tiny model needs the engine environment")
+
+from build.bundle import bundle, verify  # noqa: E402
+from build.notebook import notebook  # noqa: E402
+from build.tiny import make_checkpoint  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+GUARD = """import socket
+def _refuse(*args, **kwargs):
+    raise OSError("network access attempted during the offline boot test")
+socket.socket.connect = _refuse
+socket.create_connection = _refuse
+"""
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory, arc_data):
+    root = tmp_path_factory.mktemp("offline")
+    model = make_checkpoint(root / "model", "qwen3", seed=0)
+    made = bundle("cpu-tiny", model, root / "bundle", target="cpu-py311")
+    challenges = {}
+    for file in sorted((arc_data / "arc-agi-2" / "evaluation").glob("*.json"))[:3]:
+        task = json.loads(file.read_text())
+        challenges[file.stem] = {"train": task["train"], "test": [{"input": p["input"]} for p in task["test"]]}
+    (root / "challenges.json").write_text(json.dumps(challenges))
+    (root / "guard").mkdir()
+    (root / "guard" / "sitecustomize.py").write_text(GUARD)
+    return root, made, challenges
+
+
+def boot(root: Path, bundle_dir: Path, name: str) -> subprocess.CompletedProcess:
+    """A fresh virtual environment, no network namespace (where the machine allows one) and a socket guard."""
+    venv = root / f"venv-{name}"
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_"))}
+    env.update(PYTHONPATH=str(root / "guard"), HTTP_PROXY="http://127.0.0.1:9", HTTPS_PROXY="http://127.0.0.1:9",
+               PIP_CONFIG_FILE=os.devnull)
+    command = [str(venv / "bin" / "python"), str(bundle_dir / "kit" / "submission" / "boot.py"), "--bundle",
+               str(bundle_dir), "--tasks", str(root / "challenges.json"), "--out-dir", str(root / f"out-{name}"),
+               "--dry-run-tasks", "3", "--dry-run-deadline", "150"]
+    if shutil.which("unshare") and subprocess.run(["unshare", "-n", "true"]).returncode == 0:
+        command = ["unshare", "-n", *command]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.timeout(1200)
+def test_bundle_boots_offline_and_answers(offline):
+    root, made, challenges = offline
+    assert verify(made) == []
+    manifest = json.loads((made / "manifest.json").read_text())
+    assert manifest["profile"] == "cpu-tiny" and "torch==2.13.0" in manifest["lock"]
+    assert manifest["model"]["patches"]["end_of_turn_rows_zeroed"]
+    result = boot(root, made, "ok")
+    assert result.returncode == 0, result.stderr[-3000:]
+    answer = json.loads((root / "out-ok" / "submission.json").read_text())
+    assert {k: len(v) for k, v in answer.items()} == {k: len(v["test"]) for k, v in challenges.items()}
+    attempts = (root / "out-ok" / "attempts.jsonl").read_text().splitlines()
+    assert attempts and all(json.loads(line)["grid"] is not None for line in attempts)
+
+
+@pytest.mark.timeout(600)
+def test_a_missing_wheel_fails_clearly_and_keeps_a_complete_answer_file(offline):
+    root, made, challenges = offline
+    broken = root / "broken"
+    shutil.copytree(made, broken, copy_function=os.link)
+    wheel = next((broken / "wheels").glob("rich-*.whl"))
+    wheel.unlink()
+    assert f"missing: wheels/{wheel.name}" in verify(broken)
+    result = boot(root, broken, "broken")
+    assert result.returncode != 0 and f"missing: wheels/{wheel.name}" in result.stderr
+    answer = json.loads((root / "out-broken" / "submission.json").read_text())
+    assert {k: len(v) for k, v in answer.items()} == {k: len(v["test"]) for k, v in challenges.items()}
+    assert all(slot == {"attempt_1": [[0]], "attempt_2": [[0]]} for slots in answer.values() for slot in slots)
+
+
+def test_committed_notebook_is_the_generated_one():
+    assert json.loads((REPO / "kaggle" / "notebook.ipynb").read_text()) == notebook()

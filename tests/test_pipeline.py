@@ -1,0 +1,44 @@
+"""build.pipeline end to end on a tiny Qwen3-MoE (prune, quantise, patch, bundle), and split files reassembled at
+boot. Needs the build environment (make build-env) and the CPU target's wheels (make wheels)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("compressed_tensors.entrypoints.convert.converters.magnitude_expert_pruner",
+                    reason="the pipeline needs the build environment (make build-env)")
+
+from build.bundle import bundle, verify  # noqa: E402
+from build.pipeline import run  # noqa: E402
+from build.tiny import make_checkpoint  # noqa: E402
+from offline_wheels.lock import sha256  # noqa: E402
+from submission.boot import reassembled  # noqa: E402
+
+
+def test_prune_quantise_patch_bundle(tmp_path):
+    model = make_checkpoint(tmp_path / "moe", "qwen3_moe", seed=0, patched=False)
+    (tmp_path / "list.json").write_text(json.dumps({"name": "half", "experts": [[0, 2, 4, 6], [1, 3, 5, 7]]}))
+    dataset = run("moe-4xL4", "cpu-py311", tmp_path / "out", model, tmp_path / "list.json",
+                  Path("build/recipes/moe-4xL4.toml"))
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    provenance = manifest["model"]
+    assert provenance["pruning"]["list_name"] == "half" and provenance["quantization"]["recipe"] == "moe-4xL4"
+    assert provenance["patches"]["end_of_turn_rows_zeroed"]
+    config = json.loads((dataset / "model" / "config.json").read_text())
+    assert config["num_local_experts"] == 4 and "quantization_config" in config
+    assert verify(dataset) == []
+    (dataset / "model" / "config.json").write_text("{}")
+    assert verify(dataset) == ["changed: model/config.json (sha256 or size differs from the manifest)"]
+
+
+def test_split_files_are_reassembled(tmp_path):
+    model = make_checkpoint(tmp_path / "model", "qwen3", seed=0)
+    dataset = bundle("cpu-tiny", model, tmp_path / "dataset", max_file_bytes=100_000)
+    parts = sorted((dataset / "model").glob("model.safetensors.part*"))
+    assert len(parts) > 1 and not (dataset / "model" / "model.safetensors").exists()
+    assert verify(dataset) == []
+    joined = reassembled(dataset / "model", tmp_path / "work", ".part")
+    assert sha256(joined / "model.safetensors") == sha256(model / "model.safetensors")
