@@ -16,7 +16,7 @@ from sim.calibrate import fit
 from sim.example_log import make_records
 from sim.forecast import build_inputs, forecast, one_run
 from sim.pool import AttemptPool
-from sim.serving import ServingModel, SharedEngine
+from sim.serving import ServingModel
 from submission.attempts import AttemptRecord
 from submission.config import load_profile
 from submission.schedule import Level, Request
