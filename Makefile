@@ -49,7 +49,8 @@ $(ENGINE_VENV)/.installed: requirements/core.txt requirements/engine-cpu.txt
 # checkpoint-surgery tests in the build environment (compressed-tensors' converter is newer than vLLM's pin).
 test: engine-env build-env
 	$(EPY) -m pytest -q tests
-	$(BPY) -m pytest -q tests/test_prune.py tests/test_patch_eot.py tests/test_quantize.py tests/test_pipeline.py
+	$(BPY) -m pytest -q tests/test_prune.py tests/test_patch_eot.py tests/test_quantize.py tests/test_pipeline.py \
+	    tests/test_rft.py
 
 # The suite without the engine environment (engine tests skip): CI runs it on the second Python version.
 test-core: env

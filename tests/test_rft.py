@@ -1,0 +1,99 @@
+"""LoRA training on four rows drives their loss down by at least half, resumes after an interruption, and the merged
+model's logits equal the adapter model's within bf16 rounding. Needs the build environment (peft; make build-env)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+pytest.importorskip("peft", reason="training needs peft (make build-env)")
+
+import torch  # noqa: E402
+
+from build.tiny import make_checkpoint  # noqa: E402
+from submission.config import PromptConfig  # noqa: E402
+from submission.prompt import render  # noqa: E402
+from submission.tasks import load_tasks  # noqa: E402
+from training.dataset import completion_ids, make_row, write_rows  # noqa: E402
+from training.rft import TrainConfig, merge, schedule, target_modules, train  # noqa: E402
+
+
+class Stop(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, arc_data):
+    from transformers import AutoTokenizer
+
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("rft")
+    raw = make_checkpoint(root / "raw", "qwen3", seed=0)
+    # Random weights give near-uniform logits whatever the hidden state (the output head's rows are tiny and the
+    # final norm fixes the state's scale), so no adapter could halve the loss: give the head a trained model's scale.
+    model = AutoModelForCausalLM.from_pretrained(raw, dtype=torch.bfloat16)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)
+    model.save_pretrained(root / "base")
+    base = root / "base"
+    tokenizer = AutoTokenizer.from_pretrained(raw)
+    tokenizer.save_pretrained(base)
+    tasks = [t for t in load_tasks(arc_data / "arc-agi-2" / "training").tasks if t.id in
+             ("3c9b0459", "6150a2bd", "67a3c6ac", "68b16354")]
+    rows = []
+    for task in tasks:
+        prompt = render(tokenizer, task, 0, PromptConfig())[1]
+        answer = "\n" + "\n".join(" ".join(map(str, r)) for r in task.test_outputs[0]) + "\n"
+        rows.append(make_row(task.id, 0, prompt, completion_ids(tokenizer, "Rotate or mirror the grid.\n", answer)))
+    write_rows(rows, root / "rows.jsonl")
+    config = TrainConfig(base=str(base), rows=str(root / "rows.jsonl"), out=str(root / "run"), rank=8, alpha=16,
+                         lr=3e-3, epochs=30, grad_accum=4, checkpoint_every=10, warmup=0.05)
+    return root, config, rows
+
+
+def test_schedule_warms_up_then_decays():
+    values = [schedule(s, 100, 0.05) for s in range(100)]
+    assert values[0] == pytest.approx(0.2) and values[4] == 1.0 and values[-1] < 0.01
+    assert all(a >= b for a, b in zip(values[4:], values[5:]))
+
+
+def test_training_halves_the_loss_and_resumes(setup):
+    root, config, _ = setup
+
+    def interrupt(step, total, loss):
+        if step == 13:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(config, progress=interrupt)
+    state = torch.load(root / "run" / "checkpoint" / "state.pt", weights_only=False)
+    assert state["step"] == 10
+    losses = train(config)  # resumes after step 10
+    assert len(losses) == 30 and losses[:10] == state["losses"]
+    assert sum(losses[-3:]) / 3 <= 0.5 * sum(losses[:3]) / 3, losses
+    assert (root / "run" / "loss.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_merged_equals_adapter_within_bf16(setup):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    root, config, rows = setup
+    if not (root / "run" / "adapter").exists():
+        train(config)
+    merged_dir = merge(config)
+    assert json.loads((merged_dir / "config.json").read_text())["arc_kit_patches"]
+    base = AutoModelForCausalLM.from_pretrained(config.base, dtype=torch.float32)
+    assert target_modules(base) == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    adapted = PeftModel.from_pretrained(base, root / "run" / "adapter").eval()
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([rows[0].input_ids[:256]])
+    with torch.no_grad():
+        a, b = adapted(ids).logits, merged(ids).logits
+    scale = a.abs().max()
+    assert (a - b).abs().max() <= 2 ** -7 * scale * 4  # bf16 keeps 8 significant bits; a few roundings deep
+    assert not torch.equal(a, AutoModelForCausalLM.from_pretrained(config.base, dtype=torch.float32)(ids).logits)
+    assert dataclasses.replace(config, recipe="").recipe == ""

@@ -1,0 +1,199 @@
+"""Rejection-sampling fine-tuning: a LoRA on the model's own verified traces, then merged into the base.
+
+    python -m training.rft --config training/rft.toml          # train (resumes from its last checkpoint)
+    python -m training.rft --config training/rft.toml --merge  # merge the adapter, patch, optionally quantise
+
+Rows come from training.dataset (prompt ids exactly as at inference, masked; completion supervised). SPEC section 9:
+LoRA rank 32, alpha 32, dropout 0, on the attention q/k/v/o, the linear-attention in/out projections and the MLP
+gate/up/down (whichever of them the architecture has as Linear layers: fused 3-D experts and routers are left
+alone); AdamW lr 1e-4, 5% warm-up, cosine, clip 1.0, one epoch, micro-batch 1, no packing (packing leaks
+linear-attention state), gradient accumulation 8, gradient checkpointing. Plain PEFT + torch: the loop is short, and
+the same config drives an unsloth backend on a GPU in its own environment (not in this build). Progress on stderr,
+a loss curve PNG, checkpoints (adapter + optimiser + step) that resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import random
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from training.dataset import read_rows
+
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkvz", "in_proj_ba", "out_proj", "gate_proj", "up_proj",
+           "down_proj")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    base: str  # the checkpoint to adapt
+    rows: str  # training rows (training.dataset JSONL)
+    out: str  # adapter, checkpoints, loss curve, merged model
+    rank: int = 32
+    alpha: int = 32
+    dropout: float = 0.0
+    lr: float = 1e-4
+    warmup: float = 0.05
+    clip: float = 1.0
+    epochs: int = 1
+    grad_accum: int = 8
+    max_length: int = 65_536
+    gradient_checkpointing: bool = True
+    checkpoint_every: int = 50  # optimiser steps
+    seed: int = 0
+    dtype: str = "float32"  # bfloat16 on a GPU
+    recipe: str = ""  # build/ quantisation recipe applied after merging ("" = none)
+
+
+def load_config(path: str | Path) -> TrainConfig:
+    path = Path(path)
+    raw = tomllib.loads(path.read_text())
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {', '.join(unknown)}")
+    return TrainConfig(**raw)
+
+
+def target_modules(model) -> list[str]:
+    import torch
+
+    present = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    return [t for t in TARGETS if t in present]
+
+
+def schedule(step: int, total: int, warmup: float) -> float:
+    """Learning-rate multiplier: linear warm-up, then cosine to zero. Pure."""
+    warm = max(int(round(warmup * total)), 1)
+    if step < warm:
+        return (step + 1) / warm
+    return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(total - warm, 1)))
+
+
+def train(config: TrainConfig, progress=None) -> list[float]:
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [r for r in read_rows(config.rows) if len(r.input_ids) <= config.max_length]
+    if not rows:
+        raise ValueError(f"{config.rows}: no rows within max_length {config.max_length}")
+    torch.manual_seed(config.seed)
+    model = AutoModelForCausalLM.from_pretrained(config.base, dtype=getattr(torch, config.dtype))
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.enable_input_require_grads()
+    checkpoint = out / "checkpoint"
+    if (checkpoint / "state.pt").exists():
+        model = PeftModel.from_pretrained(model, checkpoint, is_trainable=True)
+    else:
+        model = get_peft_model(model, LoraConfig(r=config.rank, lora_alpha=config.alpha, lora_dropout=config.dropout,
+                                                 target_modules=target_modules(model), task_type="CAUSAL_LM"))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr)
+    order = [i for _ in range(config.epochs) for i in random.Random(config.seed).sample(range(len(rows)), len(rows))]
+    total = math.ceil(len(order) / config.grad_accum)
+    step, losses = 0, []
+    if (checkpoint / "state.pt").exists():
+        state = torch.load(checkpoint / "state.pt", weights_only=False)
+        optimizer.load_state_dict(state["optimizer"])
+        step, losses = state["step"], state["losses"]
+    model.train()
+    for step in range(step, total):
+        for group in optimizer.param_groups:
+            group["lr"] = config.lr * schedule(step, total, config.warmup)
+        batch = order[step * config.grad_accum:(step + 1) * config.grad_accum]
+        running = 0.0
+        for index in batch:  # micro-batch 1, no packing
+            row = rows[index]
+            loss = model(input_ids=torch.tensor([row.input_ids]), labels=torch.tensor([row.labels])).loss
+            (loss / len(batch)).backward()
+            running += float(loss) / len(batch)
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], config.clip)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(running)
+        if progress:
+            progress(step + 1, total, running)
+        if (step + 1) % config.checkpoint_every == 0 or step + 1 == total:
+            model.save_pretrained(checkpoint)
+            torch.save({"optimizer": optimizer.state_dict(), "step": step + 1, "losses": losses},
+                       checkpoint / "state.pt")
+    model.save_pretrained(out / "adapter")
+    loss_curve(losses, out / "loss.png")
+    (out / "losses.json").write_text(json.dumps(losses))
+    return losses
+
+
+def loss_curve(losses: list[float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(range(1, len(losses) + 1), losses)
+    ax.set_xlabel("optimiser step")
+    ax.set_ylabel("loss (completion tokens)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def merge(config: TrainConfig) -> Path:
+    """The adapter merged into the base and saved as safetensors (the base's dtype), then the end-of-turn patch
+    (unless the base records it) and the recipe's quantisation: a checkpoint build.bundle can take."""
+    import shutil
+
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = Path(config.out)
+    base_config = json.loads((Path(config.base) / "config.json").read_text())
+    dtype = getattr(torch, base_config.get("dtype") or base_config.get("torch_dtype") or "bfloat16")
+    model = AutoModelForCausalLM.from_pretrained(config.base, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(model, out / "adapter").merge_and_unload()
+    target = out / "merged"
+    shutil.rmtree(target, ignore_errors=True)
+    merged.to(dtype).save_pretrained(target)
+    AutoTokenizer.from_pretrained(config.base).save_pretrained(target)
+    from build.patch_eot import PATCH_KEY, patch
+
+    result = target
+    if PATCH_KEY not in json.loads((target / "config.json").read_text()):
+        patch(target, out / "merged-patched")
+        result = out / "merged-patched"
+    if config.recipe:
+        from build.quantize import quantize
+
+        quantize(result, config.recipe, out / "merged-quantized")
+        result = out / "merged-quantized"
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.rft", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, type=Path)
+    parser.add_argument("--merge", action="store_true")
+    args = parser.parse_args(argv)
+    config = load_config(args.config)
+    if args.merge:
+        print(merge(config))
+        return 0
+    losses = train(config, progress=lambda s, n, loss: print(f"\rstep {s}/{n} loss {loss:.4f}", end="",
+                                                             file=sys.stderr))
+    print(f"\n{len(losses)} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}; adapter in {Path(config.out) / 'adapter'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
