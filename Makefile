@@ -18,7 +18,7 @@ BUILD_VENV ?= $(KIT_CACHE)/venv-build-cpu-py$(PYVER)-$(BLDHASH)
 BPY       := $(BUILD_VENV)/bin/python
 export ARC_DATA
 
-.PHONY: env engine-env build-env prune-demo wheels bundle test test-core dry-run simulate demo bench clean
+.PHONY: env engine-env build-env prune-demo wheels bundle train-rft test test-core dry-run simulate demo bench clean
 
 env: $(VENV)/.installed
 
@@ -103,6 +103,20 @@ bundle: build-env
 	$(BPY) -m build.pipeline --profile $(PROFILE) --target $(TARGET) --out $(OUT)/bundle \
 	    $(if $(MODEL),--model $(MODEL)) $(if $(LIST),--list $(LIST)) $(if $(RECIPE),--recipe $(RECIPE)) \
 	    $(if $(CALIBRATION_TASKS),--calibration-tasks $(CALIBRATION_TASKS))
+
+# Rejection-sampling fine-tuning end to end on the tiny model: traces sampled with the hf engine on 4 ARC training
+# tasks (plus one injected known-correct trace per input, marked as such: random weights are rarely right), filters,
+# rows with the prompt masked, a short LoRA run, the merge.
+RFT = $(OUT)/rft
+train-rft: engine-env build-env
+	rm -rf $(RFT) && mkdir -p $(RFT)
+	$(EPY) -m build.tiny --arch qwen3 --out $(RFT)/base
+	$(EPY) -m training.traces --model $(RFT)/base --profile cpu-tiny --tasks $(ARC_DATA)/arc-agi-2/training \
+	    --max-tasks 4 --attempts 2 --cap 64 --inject-known --out $(RFT)/traces.jsonl
+	$(BPY) -m training.dataset --traces $(RFT)/traces.jsonl --tasks $(ARC_DATA)/arc-agi-2/training \
+	    --model $(RFT)/base --out $(RFT)/rows.jsonl
+	$(BPY) -m training.rft --config training/rft-tiny.toml
+	$(BPY) -m training.rft --config training/rft-tiny.toml --merge
 
 bench: env build-env
 	$(PY) benchmarks/sandbox_throughput.py

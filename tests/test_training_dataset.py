@@ -3,6 +3,8 @@ Needs transformers (the engine or build environment)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("transformers", reason="rows need a tokenizer (make engine-env)")
@@ -47,3 +49,45 @@ def test_identity_check_fails_when_the_template_changes(setup):
         tokenizer.chat_template = original
     with pytest.raises(PromptMismatch):
         check_prompt(tokenizer, task, 0, prompt, PromptConfig(system="Be brief."))
+
+
+def test_traces_resume_and_become_rows(tmp_path, arc_data):
+    import json
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer
+
+    from build.tiny import make_checkpoint
+    from training.dataset import rows_from_traces
+
+    model = make_checkpoint(tmp_path / "model", "qwen3", seed=0)
+    command = [sys.executable, "-m", "training.traces", "--model", str(model), "--tasks",
+               str(arc_data / "arc-agi-2" / "training" / "3c9b0459.json"), "--attempts", "2", "--cap", "40",
+               "--inject-known", "--out", str(tmp_path / "traces.jsonl")]
+    repo = Path(__file__).resolve().parents[1]
+    first = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600)
+    assert "0 traces" in again.stdout and "(3 already there)" in again.stdout
+    records = [json.loads(line) for line in (tmp_path / "traces.jsonl").read_text().splitlines()]
+    assert sorted(r["attempt"] for r in records) == [0, 1, 2] and [r["injected"] for r in records].count(True) == 1
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    task = load_tasks(arc_data / "arc-agi-2" / "training" / "3c9b0459.json").tasks[0]
+    sampled = next(r for r in records if r["attempt"] == 1)
+    assert sampled["prompt_ids"] == render(tokenizer, task, 0, PromptConfig())[1]
+    assert tokenizer.decode(sampled["completion_ids"]) == sampled["text"]  # the ids as sampled
+    assert sampled["seed"] != next(r for r in records if r["attempt"] == 2)["seed"]
+    rows, dropped = rows_from_traces(records, {task.id: task}, tokenizer, PromptConfig())
+    assert len(rows) == 1 and sum(dropped.values()) == 2  # only the injected, correct trace survives
+
+
+def test_leave_one_out_views(arc_data):
+    from training.traces import leave_one_out
+
+    task = load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks[0]
+    views = leave_one_out(task)
+    assert len(views) == len(task.test_inputs) * len(task.train)
+    first = views[0]
+    assert first.train[-1].input == task.test_inputs[0] and first.test_inputs == (task.train[0].input,)
+    assert first.test_outputs == (task.train[0].output,) and len(first.train) == len(task.train)

@@ -63,9 +63,63 @@ def completion_ids(tokenizer, thinking: str, answer: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
 
 
+def rows_from_traces(records: list[dict], tasks: dict[str, Task], tokenizer, config: PromptConfig,
+                     filters=None) -> tuple[list[Row], dict]:
+    """Traces (training.traces lines) -> filtered, identity-checked rows, and the filters' drop report."""
+    from submission.grids import to_grid
+    from training.filters import FilterConfig, Trace, select
+
+    traces = []
+    for r in records:
+        thinking, _, answer = r["text"].partition("</think>")
+        traces.append(Trace(r["task_id"], r["test_index"], r["split"], thinking,
+                            answer.removesuffix(tokenizer.eos_token or ""), r["natural"],
+                            to_grid(r["grid"]) if r["grid"] else None, to_grid(r["label"]),
+                            len(r["completion_ids"]), payload=r))
+    kept, dropped = select(traces, filters or FilterConfig())
+    rows = []
+    for trace in kept:
+        record = trace.payload
+        task = tasks.get(record["task_id"])
+        if task is not None:  # leave-one-out views are not in the task files: their prompts cannot be re-rendered
+            check_prompt(tokenizer, task, record["test_index"], record["prompt_ids"], config)
+        rows.append(make_row(record["task_id"], record["test_index"], record["prompt_ids"], record["completion_ids"]))
+    return rows, dict(dropped)
+
+
 def write_rows(rows: list[Row], path: str | Path) -> None:
     Path(path).write_text("".join(json.dumps(asdict(row)) + "\n" for row in rows))
 
 
 def read_rows(path: str | Path) -> list[Row]:
     return [Row(**json.loads(line)) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """python -m training.dataset --traces traces.jsonl --tasks DIR --model DIR --out rows.jsonl [--profile NAME]"""
+    import argparse
+
+    from transformers import AutoTokenizer
+
+    from submission.config import load_profile
+    from submission.tasks import load_tasks
+
+    parser = argparse.ArgumentParser(prog="python -m training.dataset", description=main.__doc__)
+    parser.add_argument("--traces", required=True, type=Path)
+    parser.add_argument("--tasks", required=True, type=Path)
+    parser.add_argument("--model", required=True, type=Path)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--profile", default="cpu-tiny")
+    args = parser.parse_args(argv)
+    records = [json.loads(line) for line in args.traces.read_text().splitlines() if line.strip()]
+    tasks = {t.id: t for t in load_tasks(args.tasks).tasks}
+    rows, dropped = rows_from_traces(records, tasks, AutoTokenizer.from_pretrained(args.model),
+                                     load_profile(args.profile).prompt)
+    write_rows(rows, args.out)
+    print(f"{len(records)} traces -> {len(rows)} rows ({sum(r.prompt_tokens for r in rows)} prompt tokens masked)")
+    for why, count in sorted(dropped.items(), key=lambda kv: -kv[1]):
+        print(f"  dropped {count:4d}: {why}")
+
+
+if __name__ == "__main__":
+    main()

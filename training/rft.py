@@ -115,7 +115,7 @@ def train(config: TrainConfig, progress=None) -> list[float]:
             row = rows[index]
             loss = model(input_ids=torch.tensor([row.input_ids]), labels=torch.tensor([row.labels])).loss
             (loss / len(batch)).backward()
-            running += float(loss) / len(batch)
+            running += loss.item() / len(batch)
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], config.clip)
         optimizer.step()
         optimizer.zero_grad()

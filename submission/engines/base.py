@@ -31,6 +31,7 @@ class Completion:
     finish: str  # "stop" (end of turn), "length" (answer limit), "aborted", "error: ..."
     started: float  # time.monotonic() at submission and at the end
     finished: float
+    token_ids: tuple[int, ...] = ()  # the generated ids, as sampled (training keeps them exactly)
 
 
 @dataclass(frozen=True)

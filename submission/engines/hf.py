@@ -223,6 +223,6 @@ class HFEngine:
     def _resolve(self, seq: _Sequence) -> None:
         text = self.tokenizer.decode(seq.tokens, skip_special_tokens=False)
         completion = Completion(seq.request.request_id, text, seq.thinking, seq.answer, seq.natural, seq.finish,
-                                seq.started, time.monotonic())
+                                seq.started, time.monotonic(), tuple(seq.tokens))
         self._aborted.discard(seq.request.request_id)
         seq.loop.call_soon_threadsafe(lambda: seq.future.done() or seq.future.set_result(completion))

@@ -117,7 +117,7 @@ class VLLMEngine:
         finish = _FINISH.get(result.finish_reason, f"error: vllm finish_reason {result.finish_reason}")
         return Completion(request.request_id, self.tokenizer.decode(ids, skip_special_tokens=False), thinking,
                           len(ids) - thinking, self.think_end in ids and not forced, finish, started,
-                          time.monotonic())
+                          time.monotonic(), tuple(ids))
 
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)
