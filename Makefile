@@ -94,13 +94,13 @@ TARGET ?= cpu-py311
 wheels: env
 	$(PY) -m offline_wheels.lock --target $(TARGET) --fetch
 
-# The offline Kaggle dataset. By default the CPU demo: a tiny Qwen3 for the cpu-tiny profile. For a real model:
-#   make bundle PROFILE=moe-4xL4 TARGET=kaggle-gpu-py311 MODEL=/ckpt LIST=lists/c8.json \
-#               RECIPE=build/recipes/moe-4xL4.toml CALIBRATION_TASKS=$(ARC_DATA)/arc-agi-2/training
+# The offline Kaggle dataset, built as the profile's [build] section says. By default the CPU demo: a tiny Qwen3 for
+# the cpu-tiny profile. For a real model: make bundle PROFILE=moe-4xL4 MODEL=/ckpt LIST=lists/c8.json
+# (TARGET=, RECIPE=, CALIBRATION_TASKS= override the profile).
 PROFILE ?= cpu-tiny
 bundle: build-env
 	rm -rf $(OUT)/bundle
-	$(BPY) -m build.pipeline --profile $(PROFILE) --target $(TARGET) --out $(OUT)/bundle \
+	$(BPY) -m build.pipeline --profile $(PROFILE) --out $(OUT)/bundle $(if $(filter command line,$(origin TARGET)),--target $(TARGET)) \
 	    $(if $(MODEL),--model $(MODEL)) $(if $(LIST),--list $(LIST)) $(if $(RECIPE),--recipe $(RECIPE)) \
 	    $(if $(CALIBRATION_TASKS),--calibration-tasks $(CALIBRATION_TASKS))
 

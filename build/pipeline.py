@@ -1,11 +1,12 @@
 """From a checkpoint to a Kaggle dataset in one command: prune, quantise, patch, bundle (each step optional).
 
-    python -m build.pipeline --profile NAME --target TARGET --out DIR [--model DIR] [--list LIST.json]
+    python -m build.pipeline --profile NAME --out DIR [--model DIR] [--target T] [--list LIST.json]
                              [--recipe RECIPE.toml] [--calibration-tasks ARC_DIR]
 
-Without --model a tiny random-weight Qwen3 is built (the CPU demo). A step runs when its input is given (--list:
-build.prune; --recipe: build.quantize); the end-of-turn patch runs unless the checkpoint records it already; then
-build.bundle lays out DIR/dataset and verifies it. Intermediate checkpoints stay in DIR/steps.
+The profile's [build] section names the target, the expert list, the recipe and the calibration tasks; the options
+override it. Without --model a tiny random-weight Qwen3 is built (the CPU demo). A step runs when its input is given
+(a list: build.prune; a recipe: build.quantize); the end-of-turn patch runs unless the checkpoint records it
+already; then build.bundle lays out DIR/dataset and verifies it. Intermediate checkpoints stay in DIR/steps.
 """
 
 from __future__ import annotations
@@ -54,14 +55,22 @@ def run(profile: str, target: str, out: Path, model: Path | None = None, expert_
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m build.pipeline", description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", required=True)
-    parser.add_argument("--target", default="cpu-py311")
+    parser.add_argument("--target")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--model", type=Path)
     parser.add_argument("--list", type=Path)
     parser.add_argument("--recipe", type=Path)
     parser.add_argument("--calibration-tasks", type=Path)
     args = parser.parse_args(argv)
-    dataset = run(args.profile, args.target, args.out, args.model, args.list, args.recipe, args.calibration_tasks)
+    from submission.config import load_profile
+
+    plan = load_profile(args.profile).build
+
+    def chosen(option, configured: str):
+        return option if option is not None else (Path(configured) if configured else None)
+
+    dataset = run(args.profile, args.target or plan.target, args.out, args.model, chosen(args.list, plan.expert_list),
+                  chosen(args.recipe, plan.recipe), chosen(args.calibration_tasks, plan.calibration_tasks))
     print(f"{dataset}: verified; upload with `kaggle datasets create -p {dataset}`")
 
 

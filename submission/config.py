@@ -4,6 +4,7 @@
     [prompt]   rendering of tasks into the chat template                        (PromptConfig)
     [schedule] every number of SPEC section 5                                   (submission.schedule.ScheduleConfig)
     [sandbox]  program-check limits                                             (submission.sandbox.SandboxLimits)
+    [build]    how make bundle builds this profile's dataset                    (BuildConfig)
 
 Unknown sections and keys are refused with the file, section and key; every field is documented where it is
 defined. `profiles/NAME.toml` holds the shipped profiles; the solver copies the one it ran into its output folder.
@@ -68,12 +69,23 @@ class PromptConfig:
 
 
 @dataclass(frozen=True)
+class BuildConfig:
+    """How `make bundle` / build.pipeline turns a checkpoint into this profile's Kaggle dataset."""
+
+    target: str = "cpu-py311"  # offline_wheels/targets.toml
+    expert_list: str = ""  # build.experts list to prune with ("" = no pruning)
+    recipe: str = ""  # build/recipes/*.toml ("" = no quantisation)
+    calibration_tasks: str = ""  # ARC tasks for KV-cache and static input scales ("" = none)
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str = "default"
     engine: EngineConfig = field(default_factory=EngineConfig)
     prompt: PromptConfig = field(default_factory=PromptConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     sandbox: SandboxLimits = field(default_factory=SandboxLimits)
+    build: BuildConfig = field(default_factory=BuildConfig)
 
 
 class ProfileError(ValueError):
@@ -126,7 +138,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
 def profile_to_toml(profile: Profile) -> str:
     """The profile as TOML (for the copy in a run's output folder): every value, defaults included."""
     lines = [f'name = "{profile.name}"']
-    for section in ("engine", "prompt", "schedule", "sandbox"):
+    for section in ("engine", "prompt", "schedule", "sandbox", "build"):
         lines.append(f"\n[{section}]")
         for key, value in dataclasses.asdict(getattr(profile, section)).items():
             lines.append(f"{key} = {_toml_value(value)}")
