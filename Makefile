@@ -16,9 +16,13 @@ EPY       := $(ENGINE_VENV)/bin/python
 BLDHASH   := $(shell cat requirements/core.txt requirements/build-cpu.txt | sha256sum | cut -c1-12)
 BUILD_VENV ?= $(KIT_CACHE)/venv-build-cpu-py$(PYVER)-$(BLDHASH)
 BPY       := $(BUILD_VENV)/bin/python
+# The unsloth environment (its own: unsloth pins older transformers and trl): the GPU training backend.
+UNSHASH   := $(shell cat requirements/core.txt requirements/unsloth-cpu.txt | sha256sum | cut -c1-12)
+UNSLOTH_VENV ?= $(KIT_CACHE)/venv-unsloth-cpu-py$(PYVER)-$(UNSHASH)
+UPY       := $(UNSLOTH_VENV)/bin/python
 export ARC_DATA
 
-.PHONY: env engine-env build-env prune-demo wheels bundle train-rft test test-core dry-run simulate demo bench clean
+.PHONY: env engine-env build-env unsloth-env prune-demo wheels bundle train-rft test test-core dry-run simulate demo bench clean
 
 env: $(VENV)/.installed
 
@@ -30,6 +34,15 @@ $(VENV)/.installed: requirements/core.txt
 engine-env: $(ENGINE_VENV)/.installed
 
 build-env: $(BUILD_VENV)/.installed
+
+unsloth-env: $(UNSLOTH_VENV)/.installed
+
+$(UNSLOTH_VENV)/.installed: requirements/core.txt requirements/unsloth-cpu.txt
+	$(PYTHON) -m venv $(UNSLOTH_VENV)
+	$(UPY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(UPY) -m pip install --quiet --disable-pip-version-check -r requirements/unsloth-cpu.txt
+	$(UPY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $@
 
 $(BUILD_VENV)/.installed: requirements/core.txt requirements/build-cpu.txt
 	$(PYTHON) -m venv $(BUILD_VENV)
@@ -46,11 +59,13 @@ $(ENGINE_VENV)/.installed: requirements/core.txt requirements/engine-cpu.txt
 	touch $@
 
 # The whole suite, the real engines included (vLLM's CPU build, transformers): the engine environment; then the
-# checkpoint-surgery tests in the build environment (compressed-tensors' converter is newer than vLLM's pin).
-test: engine-env build-env
+# checkpoint-surgery and training tests in the build environment (compressed-tensors' converter is newer than vLLM's
+# pin); then the unsloth backend's test in its own environment.
+test: engine-env build-env unsloth-env
 	$(EPY) -m pytest -q tests
 	$(BPY) -m pytest -q tests/test_prune.py tests/test_patch_eot.py tests/test_quantize.py tests/test_pipeline.py \
 	    tests/test_rft.py
+	$(UPY) -m pytest -q tests/test_rft.py -k unsloth
 
 # The suite without the engine environment (engine tests skip): CI runs it on the second Python version.
 test-core: env

@@ -9,6 +9,11 @@ import json
 import pytest
 
 pytest.importorskip("peft", reason="training needs peft (make build-env)")
+try:  # in the unsloth environment, unsloth must be imported before transformers
+    import unsloth  # noqa: F401
+    HAVE_UNSLOTH = True
+except ImportError:
+    HAVE_UNSLOTH = False
 
 import torch  # noqa: E402
 
@@ -97,3 +102,11 @@ def test_merged_equals_adapter_within_bf16(setup):
     assert (a - b).abs().max() <= 2 ** -7 * scale * 4  # bf16 keeps 8 significant bits; a few roundings deep
     assert not torch.equal(a, AutoModelForCausalLM.from_pretrained(config.base, dtype=torch.float32)(ids).logits)
     assert dataclasses.replace(config, recipe="").recipe == ""
+
+
+@pytest.mark.skipif(not HAVE_UNSLOTH, reason="the unsloth backend runs in its own environment (make unsloth-env)")
+def test_unsloth_backend_halves_the_loss_too(setup, tmp_path):
+    _, config, _ = setup
+    losses = train(dataclasses.replace(config, backend="unsloth", out=str(tmp_path / "unsloth"),
+                                       gradient_checkpointing=False))
+    assert len(losses) == 30 and sum(losses[-3:]) / 3 <= 0.5 * sum(losses[:3]) / 3, losses

@@ -7,9 +7,10 @@ Rows come from training.dataset (prompt ids exactly as at inference, masked; com
 LoRA rank 32, alpha 32, dropout 0, on the attention q/k/v/o, the linear-attention in/out projections and the MLP
 gate/up/down (whichever of them the architecture has as Linear layers: fused 3-D experts and routers are left
 alone); AdamW lr 1e-4, 5% warm-up, cosine, clip 1.0, one epoch, micro-batch 1, no packing (packing leaks
-linear-attention state), gradient accumulation 8, gradient checkpointing. Plain PEFT + torch: the loop is short, and
-the same config drives an unsloth backend on a GPU in its own environment (not in this build). Progress on stderr,
-a loss curve PNG, checkpoints (adapter + optimiser + step) that resume.
+linear-attention state), gradient accumulation 8, gradient checkpointing. Plain PEFT + torch: the loop is short;
+`backend = "unsloth"` runs the same loop on unsloth's model and LoRA (the fast path on a GPU; its own environment,
+`make unsloth-env`, since it pins older transformers and trl). Progress on stderr, a loss curve PNG, checkpoints
+(adapter + optimiser + step) that resume.
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ class TrainConfig:
     seed: int = 0
     dtype: str = "float32"  # bfloat16 on a GPU
     recipe: str = ""  # build/ quantisation recipe applied after merging ("" = none)
+    backend: str = "peft"  # "peft" (plain PEFT) or "unsloth" (its own environment: make unsloth-env)
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("peft", "unsloth"):
+            raise ValueError(f"backend must be peft or unsloth, not {self.backend!r}")
 
 
 def load_config(path: str | Path) -> TrainConfig:
@@ -77,6 +83,8 @@ def schedule(step: int, total: int, warmup: float) -> float:
 
 
 def train(config: TrainConfig, progress=None) -> list[float]:
+    if config.backend == "unsloth":
+        import unsloth  # noqa: F401 - unsloth patches transformers and must come first
     import torch
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -87,16 +95,21 @@ def train(config: TrainConfig, progress=None) -> list[float]:
     if not rows:
         raise ValueError(f"{config.rows}: no rows within max_length {config.max_length}")
     torch.manual_seed(config.seed)
-    model = AutoModelForCausalLM.from_pretrained(config.base, dtype=getattr(torch, config.dtype))
-    if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-        model.enable_input_require_grads()
     checkpoint = out / "checkpoint"
-    if (checkpoint / "state.pt").exists():
-        model = PeftModel.from_pretrained(model, checkpoint, is_trainable=True)
+    resume = (checkpoint / "state.pt").exists()
+    if config.backend == "unsloth":
+        model = _unsloth_model(config, resume, checkpoint)
     else:
-        model = get_peft_model(model, LoraConfig(r=config.rank, lora_alpha=config.alpha, lora_dropout=config.dropout,
-                                                 target_modules=target_modules(model), task_type="CAUSAL_LM"))
+        model = AutoModelForCausalLM.from_pretrained(config.base, dtype=getattr(torch, config.dtype))
+        if config.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+            model.enable_input_require_grads()
+        if resume:
+            model = PeftModel.from_pretrained(model, checkpoint, is_trainable=True)
+        else:
+            model = get_peft_model(model, LoraConfig(r=config.rank, lora_alpha=config.alpha,
+                                                     lora_dropout=config.dropout, target_modules=target_modules(model),
+                                                     task_type="CAUSAL_LM"))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr)
     order = [i for _ in range(config.epochs) for i in random.Random(config.seed).sample(range(len(rows)), len(rows))]
     total = math.ceil(len(order) / config.grad_accum)
@@ -130,6 +143,24 @@ def train(config: TrainConfig, progress=None) -> list[float]:
     loss_curve(losses, out / "loss.png")
     (out / "losses.json").write_text(json.dumps(losses))
     return losses
+
+
+def _unsloth_model(config: TrainConfig, resume: bool, checkpoint: Path):
+    """The same LoRA through unsloth (its kernels and gradient checkpointing), from the same config."""
+    import torch
+    from unsloth import FastLanguageModel
+
+    gc = "unsloth" if config.gradient_checkpointing else False
+    model, _ = FastLanguageModel.from_pretrained(model_name=config.base, max_seq_length=config.max_length,
+                                                 dtype=getattr(torch, config.dtype), load_in_4bit=False,
+                                                 use_gradient_checkpointing=gc)
+    if resume:
+        from peft import PeftModel
+
+        return PeftModel.from_pretrained(model, checkpoint, is_trainable=True)
+    return FastLanguageModel.get_peft_model(model, r=config.rank, lora_alpha=config.alpha, lora_dropout=config.dropout,
+                                            target_modules=target_modules(model), use_gradient_checkpointing=gc,
+                                            random_state=config.seed)
 
 
 def loss_curve(losses: list[float], path: Path) -> None:
