@@ -33,3 +33,18 @@ def tree_stays_clean():
     yield
     after = status()
     assert after == before, f"tests changed the working tree:\n{after}"
+
+
+@pytest.fixture(scope="session")
+def read_tensors():
+    """All tensors of a safetensors checkpoint folder, by name (checkpoint-surgery tests compare before and after)."""
+    from safetensors import safe_open
+
+    def read(folder: Path) -> dict:
+        out = {}
+        for file in sorted(Path(folder).glob("*.safetensors")):
+            with safe_open(file, framework="pt") as f:
+                out.update({name: f.get_tensor(name) for name in f.keys()})
+        return out
+
+    return read

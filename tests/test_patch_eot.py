@@ -11,28 +11,19 @@ pytest.importorskip("compressed_tensors.entrypoints.convert.converters.magnitude
                     reason="the patch streams through the build environment's compressed-tensors")
 
 import torch  # noqa: E402
-from safetensors import safe_open  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from build.patch_eot import PATCH_KEY, PatchError, patch  # noqa: E402
 from build.tiny import make_checkpoint  # noqa: E402
 
 
-def tensors(folder) -> dict[str, torch.Tensor]:
-    out = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(file, framework="pt") as f:
-            out.update({k: f.get_tensor(k) for k in f.keys()})
-    return out
-
-
 @pytest.mark.parametrize("tied", [False, True])
-def test_patch_zeroes_exactly_the_end_rows(tmp_path, tied):
+def test_patch_zeroes_exactly_the_end_rows(tmp_path, tied, read_tensors):
     source = make_checkpoint(tmp_path / "model", "qwen3", seed=0, max_shard_size="300KB", patched=False, tied=tied)
     ids = patch(source, tmp_path / "patched")
     tokenizer = AutoTokenizer.from_pretrained(source)
     assert ids == sorted({tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")})
-    before, after = tensors(source), tensors(tmp_path / "patched")
+    before, after = read_tensors(source), read_tensors(tmp_path / "patched")
     head_before = before["model.embed_tokens.weight"] if tied else before["lm_head.weight"]
     head = after["lm_head.weight"]
     assert torch.count_nonzero(head[ids]) == 0

@@ -13,7 +13,6 @@ pytest.importorskip("compressed_tensors.entrypoints.convert.converters.magnitude
                     reason="pruning needs the build environment (make build-env)")
 
 import torch  # noqa: E402
-from safetensors import safe_open  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from build.prune import PruneError, prune  # noqa: E402
@@ -26,15 +25,6 @@ EXPERTS, KEEP = 8, 4
 def checkpoint(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     return make_checkpoint(folder / "model", request.param, seed=0, max_shard_size="300KB")
-
-
-def tensors(folder) -> dict[str, torch.Tensor]:
-    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
-    out = {}
-    for shard in sorted(set(index.values())):
-        with safe_open(folder / shard, framework="pt") as f:
-            out.update({name: f.get_tensor(name) for name in f.keys()})
-    return out
 
 
 def masked(model, kept: list[list[int]]):
@@ -56,7 +46,7 @@ def masked(model, kept: list[list[int]]):
     return model
 
 
-def test_pruned_checkpoint_equals_the_masked_original(checkpoint, tmp_path):
+def test_pruned_checkpoint_equals_the_masked_original(checkpoint, tmp_path, read_tensors):
     rng = random.Random(1)
     config = json.loads((checkpoint / "config.json").read_text())
     layers = config["num_hidden_layers"]
@@ -68,7 +58,7 @@ def test_pruned_checkpoint_equals_the_masked_original(checkpoint, tmp_path):
     key = "num_local_experts" if "num_local_experts" in pruned_config else "num_experts"
     assert pruned_config[key] == KEEP
 
-    before, after = tensors(checkpoint), tensors(out)
+    before, after = read_tensors(checkpoint), read_tensors(out)
     for layer, keep in enumerate(kept):
         prefix = f"model.layers.{layer}.mlp"
         assert torch.equal(after[f"{prefix}.gate.weight"], before[f"{prefix}.gate.weight"][keep])
@@ -103,7 +93,7 @@ def test_bad_lists_are_refused_before_any_work(checkpoint, tmp_path, experts, me
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
 
 
-def test_mtp_layer_keeps_its_largest_router_rows(tmp_path_factory):
+def test_mtp_layer_keeps_its_largest_router_rows(tmp_path_factory, read_tensors):
     """Qwen3-Next releases carry an MTP layer (mtp.*, loaded by vLLM only) that is a MoE of the same expert count."""
     from safetensors.torch import save_file
 
@@ -125,7 +115,7 @@ def test_mtp_layer_keeps_its_largest_router_rows(tmp_path_factory):
     kept = [[0, 1, 2, 3]] * config["num_hidden_layers"]
     (folder.parent / "list.json").write_text(json.dumps({"experts": kept}))
     out = prune(folder, folder.parent / "list.json", folder.parent / "pruned")
-    after = tensors(out)
+    after = read_tensors(out)
     assert [after[f"mtp.layers.0.mlp.experts.{j}.gate_proj.weight"][0, 0].item() for j in range(KEEP)] == [4, 5, 6, 7]
     assert after["mtp.layers.0.mlp.gate.weight"].shape[0] == KEEP
     assert "mtp.layers.0.mlp.experts.4.gate_proj.weight" not in after

@@ -12,7 +12,6 @@ pytest.importorskip("compressed_tensors.entrypoints.convert.converters.magnitude
                     reason="quantisation needs the build environment (make build-env)")
 
 import torch  # noqa: E402
-from safetensors import safe_open  # noqa: E402
 
 from build.quantize import Recipe, Rule, dequantize_checkpoint, load_recipe, quantize, quantize_weights  # noqa: E402
 from build.tiny import make_checkpoint  # noqa: E402
@@ -77,20 +76,12 @@ def test_bad_recipe(tmp_path):
         load_recipe(tmp_path / "r.toml")
 
 
-def tensors(folder) -> dict[str, torch.Tensor]:
-    out = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(file, framework="pt") as f:
-            out.update({k: f.get_tensor(k) for k in f.keys()})
-    return out
-
-
-def test_quantised_checkpoint_layout_config_and_dequantised_load(tmp_path):
+def test_quantised_checkpoint_layout_config_and_dequantised_load(tmp_path, read_tensors):
     from transformers import AutoModelForCausalLM
 
     source = make_checkpoint(tmp_path / "model", "qwen3_moe", seed=0, max_shard_size="300KB")
     report = quantize(source, RECIPE, tmp_path / "q")
-    before, after = tensors(source), tensors(tmp_path / "q")
+    before, after = read_tensors(source), read_tensors(tmp_path / "q")
     expert = "model.layers.1.mlp.experts.3"
     assert after[f"{expert}.up_proj.weight_packed"].dtype == torch.uint8
     assert torch.equal(after[f"{expert}.up_proj.weight_global_scale"], after[f"{expert}.gate_proj.weight_global_scale"])
@@ -127,7 +118,7 @@ def test_likelihood_check_dequantises_a_quantised_candidate(tmp_path):
     assert quality.nll_candidate != quality.nll_reference and abs(quality.difference) < 1.0
 
 
-def test_kv_cache_scales(tmp_path, arc_data):
+def test_kv_cache_scales(tmp_path, arc_data, read_tensors):
     from build.kv_scales import FP8_MAX, calibration_prompts, kv_amax, scales
     from submission.tasks import load_tasks
 
@@ -137,7 +128,7 @@ def test_kv_cache_scales(tmp_path, arc_data):
     assert sorted(amax) == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
     kv = scales(amax)
     quantize(source, RECIPE, tmp_path / "q", kv)
-    after = tensors(tmp_path / "q")
+    after = read_tensors(tmp_path / "q")
     assert after["model.layers.1.self_attn.k_scale"].item() == pytest.approx(amax["model.layers.1.self_attn"][0] / FP8_MAX)
     assert after["model.layers.0.self_attn.v_scale"].item() > 0
     scheme = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]["kv_cache_scheme"]
@@ -166,7 +157,7 @@ def test_kv_cache_scales(tmp_path, arc_data):
     assert captured and max(captured) <= max(k for k, _ in amax.values()) * (1 + 1e-5)
 
 
-def test_static_schemes_carry_calibrated_input_scales(tmp_path, arc_data):
+def test_static_schemes_carry_calibrated_input_scales(tmp_path, arc_data, read_tensors):
     from build.input_scales import input_amax
     from build.kv_scales import calibration_prompts
     from submission.tasks import load_tasks
@@ -188,7 +179,7 @@ scheme = "FP8"
     with pytest.raises(ValueError, match="needs calibrated inputs"):
         quantize(source, recipe, tmp_path / "nope")
     quantize(source, recipe, tmp_path / "q", input_amax=amax)
-    after = tensors(tmp_path / "q")
+    after = read_tensors(tmp_path / "q")
     o = "model.layers.1.self_attn.o_proj"
     assert after[f"{o}.input_scale"].item() == pytest.approx(amax[o] / 448.0)
     assert after[f"{o}.weight_scale"].numel() == 1  # per tensor
