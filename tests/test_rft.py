@@ -22,7 +22,7 @@ from submission.config import PromptConfig  # noqa: E402
 from submission.prompt import render  # noqa: E402
 from submission.tasks import load_tasks  # noqa: E402
 from training.dataset import completion_ids, make_row, write_rows  # noqa: E402
-from training.rft import TrainConfig, merge, schedule, target_modules, train  # noqa: E402
+from training.rft import TrainConfig, merge, resolve_device, schedule, target_modules, train  # noqa: E402
 
 
 class Stop(Exception):
@@ -65,8 +65,22 @@ def test_schedule_warms_up_then_decays():
     assert all(a >= b for a, b in zip(values[4:], values[5:]))
 
 
-def test_training_halves_the_loss_and_resumes(setup):
+def test_device_is_the_gpu_when_there_is_one():
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cpu") == "cpu"
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA GPU"):
+            resolve_device("cuda:1")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.requires_gpu)])
+def test_training_halves_the_loss_and_resumes(setup, device, tmp_path):
+    """On the CPU in float32 (its run is the adapter the merge test uses); on a GPU in bfloat16, as real runs train."""
     root, config, _ = setup
+    if device == "cuda":
+        root = tmp_path
+        config = dataclasses.replace(config, out=str(root / "run"), device="cuda", dtype="bfloat16")
+        torch.cuda.reset_peak_memory_stats()
 
     def interrupt(step, total, loss):
         if step == 13:
@@ -80,6 +94,8 @@ def test_training_halves_the_loss_and_resumes(setup):
     assert len(losses) == 30 and losses[:10] == state["losses"]
     assert sum(losses[-3:]) / 3 <= 0.5 * sum(losses[:3]) / 3, losses
     assert (root / "run" / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    if device == "cuda":
+        assert torch.cuda.max_memory_allocated() > 0  # the model and its activations lived on the GPU
 
 
 def test_merged_equals_adapter_within_bf16(setup):

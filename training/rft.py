@@ -51,6 +51,7 @@ class TrainConfig:
     dtype: str = "float32"  # bfloat16 on a GPU
     recipe: str = ""  # build/ quantisation recipe applied after merging ("" = none)
     backend: str = "peft"  # "peft" (plain PEFT) or "unsloth" (its own environment: make unsloth-env)
+    device: str = "auto"  # "auto" = the first CUDA GPU if there is one, else the CPU; or "cpu", "cuda:1", ...
 
     def __post_init__(self) -> None:
         if self.backend not in ("peft", "unsloth"):
@@ -74,6 +75,16 @@ def target_modules(model) -> list[str]:
     return [t for t in TARGETS if t in present]
 
 
+def resolve_device(requested: str) -> str:
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {requested!r}: no CUDA GPU is visible")
+    return requested
+
+
 def schedule(step: int, total: int, warmup: float) -> float:
     """Learning-rate multiplier: linear warm-up, then cosine to zero. Pure."""
     warm = max(int(round(warmup * total)), 1)
@@ -95,12 +106,13 @@ def train(config: TrainConfig, progress=None) -> list[float]:
     if not rows:
         raise ValueError(f"{config.rows}: no rows within max_length {config.max_length}")
     torch.manual_seed(config.seed)
+    device = resolve_device(config.device)
     checkpoint = out / "checkpoint"
     resume = (checkpoint / "state.pt").exists()
     if config.backend == "unsloth":
-        model = _unsloth_model(config, resume, checkpoint)
+        model = _unsloth_model(config, resume, checkpoint, device)
     else:
-        model = AutoModelForCausalLM.from_pretrained(config.base, dtype=getattr(torch, config.dtype))
+        model = AutoModelForCausalLM.from_pretrained(config.base, dtype=getattr(torch, config.dtype)).to(device)
         if config.gradient_checkpointing:
             model.gradient_checkpointing_enable()
             model.enable_input_require_grads()
@@ -115,7 +127,7 @@ def train(config: TrainConfig, progress=None) -> list[float]:
     total = math.ceil(len(order) / config.grad_accum)
     step, losses = 0, []
     if (checkpoint / "state.pt").exists():
-        state = torch.load(checkpoint / "state.pt", weights_only=False)
+        state = torch.load(checkpoint / "state.pt", weights_only=False, map_location=device)
         optimizer.load_state_dict(state["optimizer"])
         step, losses = state["step"], state["losses"]
     model.train()
@@ -126,7 +138,8 @@ def train(config: TrainConfig, progress=None) -> list[float]:
         running = 0.0
         for index in batch:  # micro-batch 1, no packing
             row = rows[index]
-            loss = model(input_ids=torch.tensor([row.input_ids]), labels=torch.tensor([row.labels])).loss
+            loss = model(input_ids=torch.tensor([row.input_ids], device=device),
+                         labels=torch.tensor([row.labels], device=device)).loss
             (loss / len(batch)).backward()
             running += loss.item() / len(batch)
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], config.clip)
@@ -145,7 +158,7 @@ def train(config: TrainConfig, progress=None) -> list[float]:
     return losses
 
 
-def _unsloth_model(config: TrainConfig, resume: bool, checkpoint: Path):
+def _unsloth_model(config: TrainConfig, resume: bool, checkpoint: Path, device: str):
     """The same LoRA through unsloth (its kernels and gradient checkpointing), from the same config."""
     import torch
     from unsloth import FastLanguageModel
@@ -153,7 +166,7 @@ def _unsloth_model(config: TrainConfig, resume: bool, checkpoint: Path):
     gc = "unsloth" if config.gradient_checkpointing else False
     model, _ = FastLanguageModel.from_pretrained(model_name=config.base, max_seq_length=config.max_length,
                                                  dtype=getattr(torch, config.dtype), load_in_4bit=False,
-                                                 use_gradient_checkpointing=gc)
+                                                 use_gradient_checkpointing=gc, device_map=device)
     if resume:
         from peft import PeftModel
 
