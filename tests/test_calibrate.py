@@ -51,15 +51,16 @@ def test_counts_bins_and_program_tokens(tmp_path):
     assert np.array_equal(stats.saliency_n, stats.counts.sum(axis=(0, 1)))
 
 
-def test_saliency_is_gate_times_expert_output_norm(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.requires_gpu)])
+def test_saliency_is_gate_times_expert_output_norm(tmp_path, device):
     """With one expert per token the MoE block's output is gate x expert output (gate 1 after normalisation),
-    so each expert's saliency sum is the summed norm of the block outputs of its tokens."""
+    so each expert's saliency sum is the summed norm of the block outputs of its tokens (reference: on the CPU)."""
     model_dir = tiny_moe(tmp_path / "m", top_k=1)
     from transformers import AutoModelForCausalLM
 
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     data = traces(3, vocab, seed=4)
-    stats = calibrate(model_dir, data, tmp_path / "stats.npz")
+    stats = calibrate(model_dir, data, tmp_path / "stats.npz", device=device)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     expected = np.zeros((2, 8))
     blocks = [m for _, m in model.named_modules() if hasattr(m, "gate") and hasattr(m, "experts")]

@@ -6,6 +6,10 @@ or the cap; at the cap the forced-close sentence and `</think>` are fed as if sa
 grammar accepts end of turn or the answer limit. Requests are decoded together in static batches of up to
 `max_num_seqs` (a batch runs until its last member ends; new requests wait for the next batch): simple, and enough
 for tiny models. Generation runs in one worker thread; the async API only hands requests over.
+
+A request's seed drives its own sampler, so the same batch gives the same samples. On the CPU (float32) a request
+also gives the same sample whatever else shares its batch; on a GPU in bfloat16 it need not: the batch's shape and
+padding change the kernels' rounding of the logits, and a sample can part from there, as in any batched GPU engine.
 """
 
 from __future__ import annotations
