@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 from submission.grids import MAX_SIDE, Grid, GridError, to_grid
 
+THINK_START = "<think>"
 THINK_END = "</think>"
 FENCE = "```"
 # Chat-format tokens that must never appear inside the answer (the grammar sees them as plain text).
-CHAT_TOKENS = ("<think>", "</think>", "<|im_start|>", "<|endoftext|>")
+CHAT_TOKENS = (THINK_START, THINK_END, "<|im_start|>", "<|endoftext|>")
 
 
 def forced_end(sentence: str) -> str:

@@ -40,6 +40,7 @@ class AttemptRecord:
     finished_s: float = 0.0
     aborted: bool = False  # stopped by the hard stop or an engine failure
     finish: str = ""  # the engine's finish: "stop", "length", "aborted", "error: ..."
+    turns: int = 1  # requests made: more than one only for the tool agent (tokens are their sums)
 
     @property
     def tokens(self) -> int:

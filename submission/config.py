@@ -4,6 +4,7 @@
     [prompt]   rendering of tasks into the chat template                        (PromptConfig)
     [schedule] every number of SPEC section 5                                   (submission.schedule.ScheduleConfig)
     [sandbox]  program-check limits                                             (submission.sandbox.SandboxLimits)
+    [tool_agent] first attempts that check their programs between turns     (submission.tool_agent.ToolAgentConfig)
     [build]    how make bundle builds this profile's dataset                    (BuildConfig)
 
 Unknown sections and keys are refused with the file, section and key; every field is documented where it is
@@ -21,6 +22,7 @@ from typing import Any
 
 from submission.sandbox import SandboxLimits
 from submission.schedule import ScheduleConfig
+from submission.tool_agent import ToolAgentConfig
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 FORCED_CLOSE = "Considering the limited time by the user, I have to give the solution based on the thinking directly now."
@@ -40,7 +42,7 @@ class EngineConfig:
     forced_close: str = FORCED_CLOSE  # said at the thinking cap before </think>
     program_cue: str = "\n\nThe transformation as a self-contained Python function:\n```python\ndef transform(grid):"
     max_num_seqs: int = 8  # requests decoded together (vLLM) / batch size (hf)
-    max_model_len: int = 0  # 0: prompt + largest cap + answer_max_tokens
+    max_model_len: int = 0  # 0: the model's own maximum (vLLM's default)
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     enable_expert_parallel: bool = False
@@ -85,6 +87,7 @@ class Profile:
     prompt: PromptConfig = field(default_factory=PromptConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     sandbox: SandboxLimits = field(default_factory=SandboxLimits)
+    tool_agent: ToolAgentConfig = field(default_factory=ToolAgentConfig)
     build: BuildConfig = field(default_factory=BuildConfig)
 
 

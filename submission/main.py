@@ -31,11 +31,11 @@ from submission.answers import AnswerFile, render_submission
 from submission.attempts import AttemptLog, AttemptRecord, read_log
 from submission.config import Profile, ProfileError, load_profile, profile_to_toml
 from submission.engines.base import EngineDead
-from submission.prompt import render, task_text
+from submission.prompt import render, task_text, tool_turn
 from submission.sandbox import Sandbox
 from submission.schedule import InputInfo, Scheduler
 from submission.score import score
-from submission.solve import Attempts, Candidates, request_id
+from submission.solve import Attempts, Candidates, Renderer, ToolTurn, estimated_tool_turn, request_id
 from submission.tasks import LoadError, TaskSet, load_tasks
 from submission.views import View
 
@@ -56,14 +56,17 @@ def make_engine(profile: Profile):
     return VLLMEngine(model, profile.engine)
 
 
-def make_renderer(profile: Profile):
-    """Prompt token ids through the model's own tokenizer; the replay engine has none and gets length estimates."""
+def make_renderer(profile: Profile) -> tuple[Renderer, ToolTurn]:
+    """Prompt token ids and tool-turn ids through the model's own tokenizer; the replay engine has none and gets
+    length estimates."""
     if profile.engine.kind == "replay":
-        return lambda task, index, view, extra: [0] * (len(task_text(task, index, profile.prompt, view) + extra) // 3)
+        return (lambda task, index, view, extra: [0] * (len(task_text(task, index, profile.prompt, view) + extra) // 3),
+                estimated_tool_turn)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(profile.engine.model)
-    return lambda task, index, view, extra: render(tokenizer, task, index, profile.prompt, view, extra)[1]
+    return (lambda task, index, view, extra: render(tokenizer, task, index, profile.prompt, view, extra)[1],
+            lambda text: tool_turn(tokenizer, text, profile.prompt)[1])
 
 
 def start_watchdog(time_limit_s: float, hard_stop_s: float) -> None:
@@ -128,7 +131,7 @@ class Run:
     async def go(self) -> None:
         profile = self.profile
         infos = []
-        render_ids = make_renderer(profile)
+        render_ids, tool_turn_ids = make_renderer(profile)
         for task in self.tasks.tasks:
             for index in range(len(task.test_inputs)):
                 infos.append(InputInfo(task.id, index, len(render_ids(task, index, View(), "")), len(task.test_inputs)))
@@ -136,7 +139,7 @@ class Run:
         engine = make_engine(profile)
         await engine.start()
         with Sandbox(profile.sandbox) as sandbox:
-            attempts = Attempts(profile, self.by_id, engine, sandbox, render_ids, self.clock)
+            attempts = Attempts(profile, self.by_id, engine, sandbox, render_ids, self.clock, tool_turn_ids)
             if self.args.resume and self.args.log and Path(self.args.log).exists():
                 self.restore(scheduler, attempts)
             log = AttemptLog(self.args.log) if self.args.log else None
@@ -213,6 +216,9 @@ class Run:
             scheduler.abort_all()
         self.stats["skipped (cap too small)"] = len(scheduler.skipped)
 
+    def _agent_records(self) -> list[AttemptRecord]:
+        return [r for r in self.finished if r.level.name == "FIRST"] if self.profile.tool_agent.enabled else []
+
     def summary(self) -> str:
         by_level = Counter(r.level.name for r in self.finished)
         outcome = Counter("aborted" if r.aborted else "natural" if r.natural else "forced" for r in self.finished)
@@ -224,6 +230,8 @@ class Run:
             f"tokens: thinking {sum(r.thinking_tokens for r in self.finished):,}, "
             f"answer {sum(r.answer_tokens for r in self.finished):,}",
             f"programs train-perfect: {sum(r.train_perfect for r in self.finished)}",
+            *([f"tool agent: {sum(r.turns for r in agent)} turns in {len(agent)} first attempts, "
+               f"{sum(r.turns > 1 for r in agent)} shown their checks"] if (agent := self._agent_records()) else []),
             f"time used: {self.clock():.0f} s; " + ", ".join(f"{k}: {v}" for k, v in self.stats.items()),
         ]
         labels = {t.id: t.test_outputs for t in self.tasks.tasks if t.test_outputs is not None}

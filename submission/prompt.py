@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from submission.config import PromptConfig
+from submission.answer import THINK_START
 from submission.grids import Grid
 from submission.tasks import Task
 from submission.views import View
@@ -62,13 +63,10 @@ def render(tokenizer: ChatTokenizer, task: Task, test_index: int, config: Prompt
     return text, tokenizer.encode(text, add_special_tokens=False)
 
 
-def repair_text(program: str, demo_results: list[tuple[Grid, Grid | None, str]], max_cells: int = 12) -> str:
-    """The repair turn's addition (L2): the best program so far and, per demonstration, whether it reproduced the
-    output, else the cell-level differences (up to `max_cells`), the shape mismatch or the error. Pure.
-
-    `demo_results` holds (expected output, produced output or None, status or error message) per demonstration."""
-    lines = ["", "A previous attempt wrote this program:", "```python", program.rstrip(), "```",
-             "Its results on the examples:"]
+def example_lines(demo_results: list[tuple[Grid, Grid | None, str]], max_cells: int = 12) -> list[str]:
+    """One line per demonstration: reproduced, no grid (why), the wrong shape, or the cell-level differences (up to
+    `max_cells`). `demo_results` holds (expected output, produced output or None, status or error message). Pure."""
+    lines = []
     for number, (expected, produced, note) in enumerate(demo_results, 1):
         if produced == expected:
             lines.append(f"Example {number}: correct.")
@@ -83,5 +81,65 @@ def repair_text(program: str, demo_results: list[tuple[Grid, Grid | None, str]],
             shown = ", ".join(f"({r},{c}) expected {e} got {p}" for r, c, e, p in diffs[:max_cells])
             more = f" and {len(diffs) - max_cells} more" if len(diffs) > max_cells else ""
             lines.append(f"Example {number}: {len(diffs)} cells differ (row, column): {shown}{more}.")
+    return lines
+
+
+def repair_text(program: str, demo_results: list[tuple[Grid, Grid | None, str]], max_cells: int = 12) -> str:
+    """The repair turn's addition (L2): the best program so far and its results on each demonstration. Pure."""
+    lines = ["", "A previous attempt wrote this program:", "```python", program.rstrip(), "```",
+             "Its results on the examples:"]
+    lines += example_lines(demo_results, max_cells)
     lines.append("Correct the rule, then answer for the test input as before.")
     return "\n".join(lines)
+
+
+def check_text(demo_results: list[tuple[Grid, Grid | None, str]], test_output: Grid | None, test_note: str,
+               failing_pairs: int = 2, max_cells: int = 12, test_output_max_cells: int = 225,
+               grids: bool = True) -> str:
+    """The tool agent's tool turn: check_transform's results on each demonstration (as in the repair turn), the
+    expected and produced grids of the first `failing_pairs` failing ones (when `grids`), and the program's output
+    for the test input when it has at most `test_output_max_cells` cells (`test_note` says why there is none). Pure."""
+    right = sum(expected == produced for expected, produced, _ in demo_results)
+    lines = [f"check_transform: {right} of {len(demo_results)} examples reproduced."]
+    lines += example_lines(demo_results, max_cells)
+    if grids:
+        failing = [(n, e, p) for n, (e, p, _) in enumerate(demo_results, 1) if e != p][:failing_pairs]
+        for number, expected, produced in failing:
+            lines += [f"Example {number} expected:", sized_grid_text(expected)]
+            if produced is not None:
+                lines += [f"Example {number} produced:", sized_grid_text(produced)]
+    if test_output is None:
+        lines.append(f"Test input: no grid ({test_note}).")
+    elif len(test_output) * len(test_output[0]) <= test_output_max_cells:
+        lines += ["Test input produced:", sized_grid_text(test_output)]
+    else:
+        lines.append(f"Test input: produced a {len(test_output)}x{len(test_output[0])} grid.")
+    lines.append("Fix the program if it is wrong, then answer for the test input as before.")
+    return "\n".join(lines)
+
+
+def tool_turn(tokenizer: ChatTokenizer, content: str, config: PromptConfig) -> tuple[str, list[int]]:
+    """What follows an assistant turn's end-of-turn token when a tool answers: the rest of that turn's closing, the
+    tool turn and the next generation prompt, exactly as the model's chat template writes them.
+
+    Rendered as the difference of two conversations (with and without the tool message), so any template works whose
+    earlier turns do not change when a tool message is appended; one that does is refused. The assistant turn carries
+    reasoning so that templates which drop the thinking of earlier turns (Qwen3's) render it the same in both."""
+    kwargs: dict[str, Any] = {"enable_thinking": True}
+    if config.reasoning_effort:
+        kwargs["reasoning_effort"] = config.reasoning_effort
+    base = [{"role": "user", "content": "task"}, {"role": "assistant", "content": "answer", "reasoning_content": "r"}]
+    before = tokenizer.apply_chat_template(base, tokenize=False, **kwargs)
+    after = tokenizer.apply_chat_template(base + [{"role": "tool", "content": content}], tokenize=False,
+                                          add_generation_prompt=True, **kwargs)
+    end = before.rfind("answer") + len("answer")
+    if not after.startswith(before) or end < len("answer"):
+        raise ValueError("chat template: appending a tool message changes the turns before it; the tool agent "
+                         "needs a template that only appends")
+    text = after[end:]  # from the assistant's end-of-turn marker on
+    if THINK_START not in text:
+        # Hybrid templates (Qwen3's) leave `<think>` to the model. Here it is written: the model would open with it,
+        # and a prompt whose last think marker is the previous turn's `</think>` reads to vLLM as reasoning ended.
+        text += THINK_START + "\n"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return text, ids

@@ -1,6 +1,7 @@
 """One attempt end to end, and the candidates it adds: render, generate, parse, check, record.
 
-`Attempts.run` is the whole life of one scheduled request against an engine and the sandbox; `Candidates` is the pure
+`Attempts.run` is the whole life of one scheduled attempt against an engine and the sandbox: one request, or the
+tool agent's turns for a first attempt when the profile turns it on (submission.tool_agent); `Candidates` is the pure
 state that turns finished attempts into the two answers per test input (SPEC sections 3 and 4, with program transfer
 to the task's other test inputs).
 """
@@ -14,17 +15,25 @@ from typing import Callable
 from submission.answer import parse_answer
 from submission.attempts import AttemptRecord
 from submission.config import Profile
-from submission.engines.base import Engine, GenerationRequest
+from submission.engines.base import Completion, Engine, GenerationRequest
 from submission.grids import Grid
-from submission.prompt import repair_text
+from submission.prompt import check_text, repair_text
 from submission.sandbox import CheckResult, Sandbox, Status
 from submission.schedule import Level, Request
 from submission.selection import Candidate, Source, select
 from submission.tasks import Task
+from submission.tool_agent import finished, turn_cap, within_tokens
 from submission.views import View, reordered
 
 # render(task, test_index, view, extra) -> prompt token ids
 Renderer = Callable[[Task, int, View, str], list[int]]
+# tool_turn(text) -> the ids that follow an assistant turn when a tool answers with `text` (submission.prompt.tool_turn)
+ToolTurn = Callable[[str], list[int]]
+
+
+def estimated_tool_turn(text: str) -> list[int]:
+    """Length-only stand-in for engines without a tokenizer (replay): about 3 characters per token."""
+    return [0] * (len(text) // 3 + 8)
 
 
 def view_for(level: Level, n_train: int) -> View:
@@ -72,6 +81,21 @@ class Candidates:
         return select(self.by_input.get(key, []))
 
 
+@dataclass(frozen=True)
+class Turn:
+    """One request of an attempt: what the engine returned and what the sandbox said of its program."""
+
+    completion: Completion
+    grid: Grid | None  # in the task's own orientation
+    parse_error: str | None
+    program: str | None
+    check: CheckResult | None
+
+    @property
+    def failed(self) -> bool:
+        return self.completion.finish == "aborted" or self.completion.finish.startswith("error")
+
+
 @dataclass
 class Attempts:
     """Runs attempts: everything one request needs, and the best program of each input for repair turns."""
@@ -82,6 +106,7 @@ class Attempts:
     sandbox: Sandbox
     render: Renderer
     clock: Callable[[], float]  # seconds since the run started
+    tool_turn: ToolTurn = estimated_tool_turn
     best: dict[tuple[str, int], tuple[int, str]] = field(default_factory=dict)  # demos right, program
 
     def note_program(self, record: AttemptRecord) -> None:
@@ -94,8 +119,47 @@ class Attempts:
             return ""
         program = self.best[key][1]
         check = await asyncio.to_thread(self.sandbox.check, program, task)
-        demos = [(p.output, r.output, r.message or r.status.value) for p, r in zip(task.train, check.train)]
-        return repair_text(program, demos)
+        return repair_text(program, demo_results(task, check))
+
+    async def _turn(self, request: Request, view: View, prompt: list[int], cap: int) -> Turn:
+        completion = await self.engine.generate(
+            GenerationRequest(request_id(request), tuple(prompt), cap, request.seed))
+        parsed = parse_answer(completion.text)
+        grid = view.invert_grid(parsed.grid) if parsed.grid is not None else None
+        check = None
+        if parsed.program is not None:
+            check = await asyncio.to_thread(self.sandbox.check, parsed.program, self.tasks[request.task_id])
+        return Turn(completion, grid, parsed.error if grid is None else None, parsed.program, check)
+
+    async def _agent(self, request: Request, view: View, prompt: list[int]) -> list[Turn]:
+        """The tool agent's turns (submission.tool_agent): check, show the results, continue the conversation."""
+        config, reserve = self.profile.tool_agent, self.profile.engine.answer_max_tokens
+        task = self.tasks[request.task_id]
+        single = len(task.test_inputs) == 1
+        cap, used, turns = min(request.cap, turn_cap(config, 0, 0, single, reserve)), 0, []
+        while True:
+            turn = await self._turn(request, view, prompt, cap)
+            turns.append(turn)
+            used += turn.completion.thinking_tokens + turn.completion.answer_tokens
+            check = turn.check
+            if turn.failed or check is None:
+                break
+            test = check.test[request.test_index]
+            if finished(check.train_perfect, test.output):
+                break
+            texts = [check_text(demo_results(task, check), test.output, test.message or test.status.value,
+                                config.failing_pairs, config.max_cells, config.test_output_max_cells, grids)
+                     for grids in (True, False)]
+            tool_ids = self.tool_turn(within_tokens(texts, lambda t: len(self.tool_turn(t)),
+                                                    config.feedback_max_tokens))
+            used += len(tool_ids)
+            prompt = continued(prompt, turn.completion.token_ids, tool_ids)
+            cap = turn_cap(config, len(turns), used, single, reserve)
+            context = self.profile.engine.max_model_len
+            if (cap is None or self.profile.schedule.cap(cap, self.clock()) < cap
+                    or (context and len(prompt) + cap + reserve > context)):
+                break  # the budget, the deadline or the context cannot hold the next turn
+        return turns
 
     async def run(self, request: Request) -> AttemptRecord:
         task = self.tasks[request.task_id]
@@ -103,23 +167,36 @@ class Attempts:
         extra = await self._repair_extra(task, request.key) if request.level is Level.REPAIR else ""
         prompt = self.render(task, request.test_index, view, extra)
         started = self.clock()
-        completion = await self.engine.generate(
-            GenerationRequest(request_id(request), tuple(prompt), request.cap, request.seed))
-        parsed = parse_answer(completion.text)
-        grid = view.invert_grid(parsed.grid) if parsed.grid is not None else None
-        check: CheckResult | None = None
-        if parsed.program is not None:
-            check = await asyncio.to_thread(self.sandbox.check, parsed.program, task)
+        if request.level is Level.FIRST and self.profile.tool_agent.enabled:
+            turns = await self._agent(request, view, prompt)
+        else:
+            turns = [await self._turn(request, view, prompt, request.cap)]
+        # The answer is the last turn's, unless it failed (aborted, engine error) after one that did not.
+        final = next((t for t in reversed(turns) if not t.failed), turns[-1])
+        check = final.check
         record = AttemptRecord(
             task_id=request.task_id, test_index=request.test_index, attempt=request.attempt, level=request.level,
-            seed=request.seed, cap=request.cap, view=view.to_json(), natural=completion.natural,
-            thinking_tokens=completion.thinking_tokens, answer_tokens=completion.answer_tokens,
-            prompt_tokens=len(prompt), grid=grid,
-            parse_error=parsed.error if grid is None else None, program=parsed.program,
+            seed=request.seed, cap=request.cap, view=view.to_json(), natural=turns[0].completion.natural,
+            thinking_tokens=sum(t.completion.thinking_tokens for t in turns),
+            answer_tokens=sum(t.completion.answer_tokens for t in turns), prompt_tokens=len(prompt),
+            grid=final.grid, parse_error=final.parse_error, program=final.program,
             train_perfect=check is not None and check.train_perfect,
             demos_right=sum(p.status is Status.RIGHT for p in check.train) if check else 0,
             program_outputs=check.test_outputs if check else (), started_s=started, finished_s=self.clock(),
-            aborted=completion.finish == "aborted" or completion.finish.startswith("error"),
-            finish=completion.finish)
+            aborted=final.failed, finish=final.completion.finish, turns=len(turns))
         self.note_program(record)
         return record
+
+
+def continued(prompt: list[int], sampled: tuple[int, ...], tool_ids: list[int]) -> list[int]:
+    """The next turn's prompt: the conversation so far, the ids as sampled and the tool turn (whose ids start with the
+    end-of-turn marker the model sampled last: it is kept once)."""
+    sampled_ids = list(sampled)
+    if sampled_ids and tool_ids and sampled_ids[-1] == tool_ids[0]:
+        sampled_ids.pop()
+    return prompt + sampled_ids + tool_ids
+
+
+def demo_results(task: Task, check: CheckResult) -> list[tuple[Grid, Grid | None, str]]:
+    """(expected, produced, status or error) per demonstration, for the repair turn and the tool turn."""
+    return [(p.output, r.output, r.message or r.status.value) for p, r in zip(task.train, check.train)]

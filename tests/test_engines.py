@@ -44,6 +44,18 @@ def requests(prompts):
     return [GenerationRequest(f"t{i}/0/1", tuple(p), CAP, seed=i) for i, p in enumerate(prompts)]
 
 
+def second_turn(tiny, prompt, first) -> GenerationRequest:
+    """The tool agent's next turn after `first`: the conversation continued with a tool turn (submission.solve)."""
+    from transformers import AutoTokenizer
+
+    from submission.prompt import tool_turn
+    from submission.solve import continued
+
+    tool_ids = tool_turn(AutoTokenizer.from_pretrained(tiny), "check_transform: 0 of 2 examples reproduced.",
+                         PromptConfig())[1]
+    return GenerationRequest("t0/0/1", tuple(continued(prompt, first.token_ids, tool_ids)), CAP, seed=5)
+
+
 def assert_well_formed(completion, config: EngineConfig):
     assert completion.finish == "stop", completion.finish
     assert completion.thinking_tokens <= CAP
@@ -58,10 +70,12 @@ def assert_well_formed(completion, config: EngineConfig):
     assert config.program_cue in answer and "```" in answer.split(config.program_cue, 1)[1]
 
 
-async def run_engine(engine, reqs):
+async def run_engine(engine, reqs, then=None):
+    """The requests together; then, if given, `then(completions)`'s request alone (a continued conversation)."""
     await engine.start()
     try:
-        return await asyncio.gather(*(engine.generate(r) for r in reqs))
+        completions = await asyncio.gather(*(engine.generate(r) for r in reqs))
+        return completions + ([await engine.generate(then(completions))] if then else [])
     finally:
         await engine.close()
 
@@ -69,9 +83,11 @@ async def run_engine(engine, reqs):
 def test_hf_engine_phases(tiny, prompts):
     from submission.engines.hf import HFEngine
 
-    completions = asyncio.run(run_engine(HFEngine(tiny, CONFIG), requests(prompts)))
-    for completion in completions:
+    completions = asyncio.run(run_engine(HFEngine(tiny, CONFIG), requests(prompts),
+                                         lambda done: second_turn(tiny, prompts[0], done[0])))
+    for completion in completions:  # the continued conversation thinks and answers again too
         assert_well_formed(completion, CONFIG)
+    completions = completions[:-1]
     again = asyncio.run(run_engine(HFEngine(tiny, CONFIG), requests(prompts)))
     assert [c.text for c in again] == [c.text for c in completions]  # the seeds decide the samples
     import torch
@@ -105,7 +121,7 @@ def test_vllm_engine_same_phases(tiny, prompts):
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     config = EngineConfig(**{**CONFIG.__dict__, "kind": "vllm", "dtype": "bfloat16"})
     engine = VLLMEngine(tiny, config, enforce_eager=True)
-    completions = asyncio.run(run_engine(engine, requests(prompts)))
-    for completion in completions:
+    completions = asyncio.run(run_engine(engine, requests(prompts), lambda done: second_turn(tiny, prompts[0], done[0])))
+    for completion in completions:  # the last one continues a conversation whose prompt holds a </think> already
         assert_well_formed(completion, config)
     assert engine.meter._tokens + sum(w.tokens for w in engine.meter.windows) > 0  # per-step stats arrive

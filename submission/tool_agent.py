@@ -1,0 +1,71 @@
+"""The tool agent (SPEC section 5): a first attempt that checks its programs on the demonstrations between turns.
+
+Every turn is one ordinary request: thinking up to the turn's cap (the forced close at the cap), then the answer
+grammar's grid and `transform` program. The answer's program is the `check_transform` call: the kit runs it on the
+demonstrations and, while checks remain and it is not train-perfect with a test output, answers in a tool turn of the
+model's own chat template with the per-demonstration results. The next turn continues the same conversation: its
+prompt is the previous prompt, the ids as sampled and the tool turn, so an engine's prefix cache reuses all of it.
+
+Approximation of SPEC, said in the README: SPEC's model chooses when to call the tool; here every answer is a call.
+That spends each turn's answer tokens on a grid, and needs no tool-call grammar and no tool-call special tokens
+(which the answer grammar would have to admit after `</think>`).
+
+Pure: the configuration, the turn caps under the budget, the stop rule and the tool turn's length limit (its text
+is submission.prompt.check_text). submission.solve runs the turns against the engine and the sandbox.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from submission.grids import Grid
+
+
+@dataclass(frozen=True)
+class ToolAgentConfig:
+    """SPEC section 5's numbers; off unless a profile turns it on."""
+
+    enabled: bool = False  # first attempts run as the tool agent
+    checks: int = 2  # check results shown to the model per attempt
+    budget_single: int = 96_000  # tokens per attempt (generated + tool turns) for a task with one test input
+    budget_multi: int = 64_000  # the same for a task with several test inputs
+    first_thinking: int = 80_000  # the first turn's thinking cap (and at most the scheduler's first-attempt cap)
+    later_thinking: int = 8_000  # each turn after a check, but the last
+    final_thinking: int = 4_000  # the turn after the last check
+    failing_pairs: int = 2  # demonstrations shown with their expected and produced grids
+    max_cells: int = 12  # wrong cells listed per demonstration
+    test_output_max_cells: int = 225  # the program's test output is shown up to this size
+    feedback_max_tokens: int = 2_500  # the tool turn's length limit
+
+    def __post_init__(self) -> None:
+        if self.checks < 1 or min(self.first_thinking, self.later_thinking, self.final_thinking) < 1:
+            raise ValueError("tool_agent: checks and the thinking caps must be positive")
+
+
+def turn_cap(config: ToolAgentConfig, turn: int, used: int, single_input: bool, answer_reserve: int) -> int | None:
+    """The thinking cap of turn `turn` (0 = the first), or None when no such turn runs: after the final turn, or when
+    the attempt's budget (tokens `used` so far, plus the answer's `answer_reserve`) cannot hold the turn's cap."""
+    budget = config.budget_single if single_input else config.budget_multi
+    if turn == 0:
+        return max(1, min(config.first_thinking, budget - answer_reserve))
+    if turn > config.checks:
+        return None
+    wanted = config.final_thinking if turn == config.checks else config.later_thinking
+    return wanted if used + wanted + answer_reserve <= budget else None
+
+
+def finished(train_perfect: bool, test_output: Grid | None) -> bool:
+    """A check ends the attempt when the program reproduces every demonstration and gives a test output."""
+    return train_perfect and test_output is not None
+
+
+def within_tokens(texts: list[str], count, limit: int) -> str:
+    """The first of `texts` (most detailed first) that `count` puts within `limit` tokens, else the last one cut to
+    its first lines that fit."""
+    for text in texts:
+        if count(text) <= limit:
+            return text
+    lines = texts[-1].split("\n")
+    while len(lines) > 1 and count("\n".join(lines)) > limit:
+        lines.pop(-2)  # keep the closing instruction
+    return "\n".join(lines)

@@ -1,0 +1,206 @@
+"""The tool agent (SPEC section 5): turn caps under the budget, the tool turn's text and its rendering through the
+chat template, and first attempts that check their programs between turns, on real ARC tasks and the real sandbox
+(a scripted engine says what each turn answers); end to end with the hf engine where the engine environment is."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+
+import pytest
+
+from submission.answer import FENCE, THINK_END
+from submission.config import PROFILES, EngineConfig, Profile, PromptConfig
+from submission.engines.base import Completion
+from submission.prompt import check_text, grid_text
+from submission.sandbox import Sandbox
+from submission.schedule import Level, Request
+from submission.solve import Attempts
+from submission.tasks import load_tasks
+from submission.tool_agent import ToolAgentConfig, finished, turn_cap, within_tokens
+
+CONFIG = ToolAgentConfig(enabled=True)
+EOT = 7  # the end-of-turn id of the scripted engine and tool turn below
+IDENTITY = "def transform(grid):\n    return grid\n"
+ROTATE = "def transform(grid):\n    return [row[::-1] for row in grid[::-1]]\n"
+
+
+@pytest.fixture(scope="module")
+def tasks(arc_data):
+    found = load_tasks(arc_data / "arc-agi-2" / "training", arc_data / "arc-agi-2" / "training")
+    return {t.id: t for t in found.tasks}
+
+
+def test_turn_caps_follow_the_budget():
+    assert turn_cap(CONFIG, 0, 0, True, 4000) == 80_000
+    assert turn_cap(CONFIG, 0, 0, False, 4000) == 60_000  # 64K in all for a task with several test inputs
+    assert turn_cap(CONFIG, 1, 70_000, True, 4000) == 8_000
+    assert turn_cap(CONFIG, 1, 85_000, True, 4000) is None  # 85K + 8K + the answer's 4K exceed 96K
+    assert turn_cap(CONFIG, 2, 10_000, True, 4000) == 4_000  # after the last check: the final turn
+    assert turn_cap(CONFIG, 3, 10_000, True, 4000) is None
+    assert finished(True, ((1,),)) and not finished(True, None) and not finished(False, ((1,),))
+    with pytest.raises(ValueError, match="tool_agent"):
+        ToolAgentConfig(checks=0)
+
+
+def test_check_text_shows_failing_pairs_and_a_small_test_output():
+    demos = [(((1, 2),), ((1, 2),), "right"), (((1, 2),), ((2, 2),), "wrong"), (((3,),), None, "ZeroDivisionError"),
+             (((4,),), ((4, 4),), "wrong")]
+    text = check_text(demos, ((5, 6),), "", failing_pairs=2)
+    assert text.startswith("check_transform: 1 of 4 examples reproduced.")
+    assert "Example 1: correct." in text and "Example 2: 1 cells differ (row, column): (0,0) expected 1 got 2" in text
+    assert "Example 3: no grid (ZeroDivisionError)." in text and "Example 4: produced a 1x2 grid, expected 1x1." in text
+    assert "Example 2 expected:\n1x2\n1 2\nExample 2 produced:\n1x2\n2 2" in text
+    assert "Example 3 expected:\n1x1\n3" in text and "Example 4 expected:" not in text  # two failing pairs only
+    assert "Test input produced:\n1x2\n5 6" in text
+    assert "Test input produced" not in check_text(demos, ((5, 6),), "", test_output_max_cells=1)
+    assert "Test input: no grid (timeout)." in check_text(demos, None, "timeout")
+    assert "expected:" not in check_text(demos, None, "timeout", grids=False)
+
+
+def test_within_tokens_prefers_detail_then_cuts_lines():
+    count = len  # one token per character
+    assert within_tokens(["long text", "short"], count, 6) == "short"
+    assert within_tokens(["long text", "short"], count, 20) == "long text"
+    assert within_tokens(["a\nbbbbbbbbbb\nend"], count, 6) == "a\nend"  # the closing line is kept
+
+
+class Scripted:
+    """An engine that answers each turn with the next scripted (grid, program, finish)."""
+
+    def __init__(self, turns: list[tuple[tuple, str, str]]):
+        self.turns, self.requests = turns, []
+
+    async def generate(self, request):
+        grid, program, finish = self.turns[min(len(self.requests), len(self.turns) - 1)]
+        self.requests.append(request)
+        text = (f"{THINK_END}\n{grid_text(grid)}\n{EngineConfig().program_cue}"
+                f"{program.split('def transform(grid):', 1)[1]}{FENCE}")
+        return Completion(request.request_id, text, 100, 50, True, finish, 0.0, 0.0,
+                          token_ids=(1, 2, 3, EOT))
+
+
+def run_attempt(task, engine, level=Level.FIRST, config=CONFIG, clock=lambda: 0.0, cap=4000):
+    tool_texts = []
+
+    def tool_turn(text):
+        tool_texts.append(text)
+        return [EOT, 9, 9, 9]
+
+    profile = dataclasses.replace(Profile(), tool_agent=config)
+    with Sandbox() as box:
+        attempts = Attempts(profile, {task.id: task}, engine, box, lambda *a: [5] * 10, clock, tool_turn)
+        record = asyncio.run(attempts.run(Request(task.id, 0, 1, level, cap, 1)))
+    return record, tool_texts
+
+
+def test_a_wrong_program_is_shown_its_checks_twice_then_answers(tasks):
+    task = tasks["3c9b0459"]  # rotate by 180 degrees, one test input
+    engine = Scripted([(((1,),), IDENTITY, "stop")])
+    record, texts = run_attempt(task, engine)
+    assert [r.thinking_cap for r in engine.requests] == [4000, 8000, 4000]  # the scheduler's cap, later, final
+    assert record.turns == 3 and record.thinking_tokens == 300 and record.answer_tokens == 150
+    first, second, third = (list(r.prompt_ids) for r in engine.requests)
+    assert second == first + [1, 2, 3] + [EOT, 9, 9, 9]  # sampled ids (its end of turn shared), tool turn
+    assert third[:len(second)] == second
+    assert texts[0].startswith(f"check_transform: 0 of {len(task.train)} examples reproduced.")
+    assert "Example 1 expected:" in texts[0] and "Test input produced:" in texts[0]
+    assert not record.train_perfect and record.grid == ((1,),) and not record.aborted
+
+
+def test_a_train_perfect_program_ends_the_attempt(tasks):
+    engine = Scripted([(((1,),), ROTATE, "stop")])
+    record, texts = run_attempt(tasks["3c9b0459"], engine)
+    assert len(engine.requests) == 1 and record.turns == 1 and record.train_perfect and texts == []
+
+
+def test_a_fix_after_the_first_check_stops_there(tasks):
+    engine = Scripted([(((1,),), IDENTITY, "stop"), (((2,),), ROTATE, "stop")])
+    record, _ = run_attempt(tasks["3c9b0459"], engine)
+    assert record.turns == 2 and record.train_perfect and record.grid == ((2,),)
+
+
+def test_only_first_attempts_and_only_when_enabled(tasks):
+    task = tasks["3c9b0459"]
+    for level, config in ((Level.SECOND, CONFIG), (Level.FIRST, ToolAgentConfig())):
+        engine = Scripted([(((1,),), IDENTITY, "stop")])
+        record, _ = run_attempt(task, engine, level=level, config=config)
+        assert len(engine.requests) == 1 and record.turns == 1
+
+
+def test_budget_deadline_and_context_stop_the_turns(tasks):
+    task = tasks["25ff71a9"]  # two test inputs: the 64K budget
+    small = dataclasses.replace(CONFIG, budget_multi=5000)
+    engine = Scripted([(((1,),), IDENTITY, "stop")])
+    record, _ = run_attempt(task, engine, config=small)
+    assert [r.thinking_cap for r in engine.requests] == [1000]  # 5000 less the answer's 4000; no room for more
+    engine = Scripted([(((1,),), IDENTITY, "stop")])
+    late = Profile().schedule.hard_stop - 600  # 8 tok/s: not enough time left for an 8K turn
+    record, _ = run_attempt(task, engine, clock=lambda: late)
+    assert record.turns == 1
+    profile = dataclasses.replace(Profile(), tool_agent=CONFIG,
+                                  engine=EngineConfig(max_model_len=10 + 4 + 4 + 8000 + 3999))
+    engine = Scripted([(((1,),), IDENTITY, "stop")])
+    with Sandbox() as box:
+        attempts = Attempts(profile, {task.id: task}, engine, box, lambda *a: [5] * 10, lambda: 0.0,
+                            lambda text: [EOT, 9, 9, 9, 9])
+        asyncio.run(attempts.run(Request(task.id, 0, 1, Level.FIRST, 4000, 1)))
+    assert len(engine.requests) == 1  # the next turn would not fit the context by one token
+
+
+def test_a_failed_later_turn_keeps_the_earlier_answer(tasks):
+    engine = Scripted([(((1,),), IDENTITY, "stop"), (((2,),), ROTATE, "error: engine died")])
+    record, _ = run_attempt(tasks["3c9b0459"], engine)
+    assert record.turns == 2 and record.grid == ((1,),) and not record.aborted and record.finish == "stop"
+
+
+def test_tool_turn_continues_the_conversation_as_the_template_writes_it(tmp_path):
+    pytest.importorskip("transformers", reason="needs a tokenizer (the engine or build environment)")
+    from build.tiny import make_tokenizer
+    from submission.prompt import tool_turn
+
+    tokenizer = make_tokenizer(tmp_path)
+    text, ids = tool_turn(tokenizer, "check_transform: 0 of 3 examples reproduced.", PromptConfig())
+    eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert ids[0] == eot and text.startswith("<|im_end|>")
+    conversation = [{"role": "user", "content": "task"},
+                    {"role": "assistant", "content": "answer", "reasoning_content": "r"},
+                    {"role": "tool", "content": "check_transform: 0 of 3 examples reproduced."}]
+    whole = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True,
+                                          enable_thinking=True)
+    assert whole.endswith(text) and whole.endswith("<|im_start|>assistant\n<think>\n")
+    hybrid = tokenizer.chat_template.replace("{%- else %}{{- '<think>\\n' }}{%- endif %}", "{%- endif %}")
+    assert hybrid != tokenizer.chat_template
+    tokenizer.chat_template = hybrid  # as Qwen3's hybrid models: the model opens <think> itself
+    text, ids = tool_turn(tokenizer, "x", PromptConfig())
+    assert text.endswith("<|im_start|>assistant\n<think>\n")  # written for it: vLLM must see thinking open again
+    tokenizer.chat_template = "{%- for m in messages %}{{ m.role }}{{ loop.length }}:{{ m.content }}{%- endfor %}"
+    with pytest.raises(ValueError, match="changes the turns before it"):
+        tool_turn(tokenizer, "x", PromptConfig())
+
+
+@pytest.mark.timeout(600)
+def test_solver_runs_the_tool_agent_on_the_tiny_model(tmp_path, arc_data):
+    pytest.importorskip("torch", reason="needs the engine environment (make engine-env)")
+    pytest.importorskip("xgrammar", reason="needs the engine environment (make engine-env)")
+    import submission.main as solver
+    from build.tiny import make_checkpoint
+
+    model = make_checkpoint(tmp_path / "tiny", "qwen3", seed=0)
+    profile = (PROFILES / "cpu-tiny.toml").read_text() + (
+        "\n[tool_agent]\nenabled = true\nfirst_thinking = 48\nlater_thinking = 40\nfinal_thinking = 32\n"
+        "budget_single = 20000\nbudget_multi = 20000\n")
+    (tmp_path / "agent.toml").write_text(profile)
+    log = tmp_path / "attempts.jsonl"
+    code = solver.main(["--tasks", str(arc_data / "arc-agi-2" / "evaluation"), "--max-tasks", "2", "--profile",
+                        str(tmp_path / "agent.toml"), "--model", str(model), "--deadline", "240",
+                        "--out", str(tmp_path / "submission.json"), "--log", str(log)])
+    assert code == 0
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    first = [r for r in records if r["level"] == int(Level.FIRST)]
+    assert first and all(r["turns"] > 1 or r["train_perfect"] for r in first)  # random programs get their checks
+    assert all(r["thinking_tokens"] <= 48 + 40 + 32 for r in first)  # each turn within its cap
+    assert all(r["turns"] == 1 for r in records if r["level"] != int(Level.FIRST))
+    submission = json.loads((tmp_path / "submission.json").read_text())
+    assert len(submission) == 2
