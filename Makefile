@@ -37,26 +37,26 @@ build-env: $(BUILD_VENV)/.installed
 
 unsloth-env: $(UNSLOTH_VENV)/.installed
 
-$(UNSLOTH_VENV)/.installed: requirements/core.txt requirements/unsloth-cpu.txt
-	$(PYTHON) -m venv $(UNSLOTH_VENV)
-	$(UPY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(UPY) -m pip install --quiet --disable-pip-version-check -r requirements/unsloth-cpu.txt
-	$(UPY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
-	touch $@
+# A torch environment ($(1): folder, $(2): its requirements file, $(3): packages to remove). torch first, alone, at
+# the pin of the environment's own requirements file: with no torch installed, a dependency asking for a torch range
+# could pull a CUDA build. vLLM's CPU build and unsloth fail on the torchvision / torchaudio / torchcodec that their
+# dependencies bring, so those environments remove them.
+define torch_env
+$(PYTHON) -m venv $(1)
+$(1)/bin/python -m pip install --quiet --disable-pip-version-check $(shell grep '^torch==' $(2))
+$(1)/bin/python -m pip install --quiet --disable-pip-version-check -r $(2)
+$(if $(3),$(1)/bin/python -m pip uninstall --quiet --yes $(3))
+touch $(1)/.installed
+endef
+
+$(ENGINE_VENV)/.installed: requirements/core.txt requirements/engine-cpu.txt
+	$(call torch_env,$(ENGINE_VENV),requirements/engine-cpu.txt,torchvision torchaudio torchcodec)
 
 $(BUILD_VENV)/.installed: requirements/core.txt requirements/build-cpu.txt
-	$(PYTHON) -m venv $(BUILD_VENV)
-	$(BPY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(BPY) -m pip install --quiet --disable-pip-version-check -r requirements/build-cpu.txt
-	touch $@
+	$(call torch_env,$(BUILD_VENV),requirements/build-cpu.txt,)
 
-# torch first, alone: with no torch installed, a dependency asking for a torch range could pull a CUDA build.
-$(ENGINE_VENV)/.installed: requirements/core.txt requirements/engine-cpu.txt
-	$(PYTHON) -m venv $(ENGINE_VENV)
-	$(EPY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(EPY) -m pip install --quiet --disable-pip-version-check -r requirements/engine-cpu.txt
-	$(EPY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
-	touch $@
+$(UNSLOTH_VENV)/.installed: requirements/core.txt requirements/unsloth-cpu.txt
+	$(call torch_env,$(UNSLOTH_VENV),requirements/unsloth-cpu.txt,torchvision torchaudio torchcodec)
 
 # The whole suite, the real engines included (vLLM's CPU build, transformers): the engine environment; then the
 # checkpoint-surgery and training tests in the build environment (compressed-tensors' converter is newer than vLLM's

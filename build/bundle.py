@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from offline_wheels.lock import LOCKS, fetch, sha256, target as target_spec
+from submission.boot import manifest_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 KIT_PATHS = ("submission", "profiles", "requirements", "examples")
@@ -95,15 +96,8 @@ def bundle(profile: str, model: Path, out: Path, target: str = "cpu-py311", data
 
 def verify(folder: Path) -> list[str]:
     """What is wrong with a bundle (empty if nothing): missing, changed or unexpected files."""
-    manifest = json.loads((folder / "manifest.json").read_text())
-    problems = []
-    for name, entry in manifest["files"].items():
-        path = folder / name
-        if not path.exists():
-            problems.append(f"missing: {name}")
-        elif path.stat().st_size != entry["bytes"] or sha256(path) != entry["sha256"]:
-            problems.append(f"changed: {name} (sha256 or size differs from the manifest)")
-    listed = set(manifest["files"]) | {"manifest.json"}
+    problems = manifest_problems(folder)
+    listed = set(json.loads((folder / "manifest.json").read_text())["files"]) | {"manifest.json"}
     problems += [f"not in the manifest: {p.relative_to(folder)}" for p in sorted(folder.rglob("*"))
                  if p.is_file() and str(p.relative_to(folder)) not in listed]
     return problems

@@ -53,14 +53,13 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def verify(bundle: Path, full: bool) -> None:
+def manifest_problems(bundle: Path, full: bool = True) -> list[str]:
+    """Files of the manifest that are missing or differ in size or sha256 (model files by size only unless `full`:
+    hashing tens of GB at every boot costs minutes). build.bundle's verify uses it too."""
     manifest = json.loads((bundle / "manifest.json").read_text())
     problems = []
     for name, entry in manifest["files"].items():
@@ -71,6 +70,11 @@ def verify(bundle: Path, full: bool) -> None:
             problems.append(f"size differs: {name}")
         elif (full or not name.startswith("model/")) and _sha256(path) != entry["sha256"]:
             problems.append(f"sha256 differs: {name}")
+    return problems
+
+
+def verify(bundle: Path, full: bool) -> None:
+    problems = manifest_problems(bundle, full)
     if problems:
         raise BootError("the bundle does not match its manifest:\n  " + "\n  ".join(problems[:20]))
 
