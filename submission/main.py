@@ -33,9 +33,9 @@ from submission.config import Profile, ProfileError, load_profile, profile_to_to
 from submission.engines.base import EngineDead
 from submission.prompt import render, task_text, tool_turn
 from submission.sandbox import Sandbox
-from submission.schedule import InputInfo, Scheduler
+from submission.schedule import InputInfo, Level, Scheduler
 from submission.score import score
-from submission.solve import Attempts, Candidates, Renderer, ToolTurn, estimated_tool_turn, request_id
+from submission.solve import Attempts, Candidates, Renderer, ToolTurn, estimated_ids, request_id
 from submission.tasks import LoadError, TaskSet, load_tasks
 from submission.views import View
 
@@ -60,8 +60,8 @@ def make_renderer(profile: Profile) -> tuple[Renderer, ToolTurn]:
     """Prompt token ids and tool-turn ids through the model's own tokenizer; the replay engine has none and gets
     length estimates."""
     if profile.engine.kind == "replay":
-        return (lambda task, index, view, extra: [0] * (len(task_text(task, index, profile.prompt, view) + extra) // 3),
-                estimated_tool_turn)
+        return (lambda task, index, view, extra: estimated_ids(task_text(task, index, profile.prompt, view) + extra),
+                estimated_ids)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(profile.engine.model)
@@ -217,7 +217,7 @@ class Run:
         self.stats["skipped (cap too small)"] = len(scheduler.skipped)
 
     def _agent_records(self) -> list[AttemptRecord]:
-        return [r for r in self.finished if r.level.name == "FIRST"] if self.profile.tool_agent.enabled else []
+        return [r for r in self.finished if r.level is Level.FIRST] if self.profile.tool_agent.enabled else []
 
     def summary(self) -> str:
         by_level = Counter(r.level.name for r in self.finished)

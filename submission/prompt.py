@@ -51,15 +51,17 @@ def messages(task: Task, test_index: int, config: PromptConfig, view: View = Vie
     return out + [{"role": "user", "content": task_text(task, test_index, config, view) + extra}]
 
 
+def _template_options(config: PromptConfig) -> dict[str, Any]:
+    """Thinking on, and the reasoning effort where the profile sets one (templates that take none ignore it)."""
+    return {"enable_thinking": True, **({"reasoning_effort": config.reasoning_effort} if config.reasoning_effort else {})}
+
+
 def render(tokenizer: ChatTokenizer, task: Task, test_index: int, config: PromptConfig,
            view: View = View(), extra: str = "") -> tuple[str, list[int]]:
     """The prompt text through the chat template (generation prompt, thinking on) and its token ids. `extra` is
     appended to the user message (the repair turn's program and differences)."""
-    kwargs: dict[str, Any] = {"enable_thinking": True}
-    if config.reasoning_effort:
-        kwargs["reasoning_effort"] = config.reasoning_effort
     text = tokenizer.apply_chat_template(messages(task, test_index, config, view, extra), tokenize=False,
-                                         add_generation_prompt=True, **kwargs)
+                                         add_generation_prompt=True, **_template_options(config))
     return text, tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -125,9 +127,7 @@ def tool_turn(tokenizer: ChatTokenizer, content: str, config: PromptConfig) -> t
     Rendered as the difference of two conversations (with and without the tool message), so any template works whose
     earlier turns do not change when a tool message is appended; one that does is refused. The assistant turn carries
     reasoning so that templates which drop the thinking of earlier turns (Qwen3's) render it the same in both."""
-    kwargs: dict[str, Any] = {"enable_thinking": True}
-    if config.reasoning_effort:
-        kwargs["reasoning_effort"] = config.reasoning_effort
+    kwargs = _template_options(config)
     base = [{"role": "user", "content": "task"}, {"role": "assistant", "content": "answer", "reasoning_content": "r"}]
     before = tokenizer.apply_chat_template(base, tokenize=False, **kwargs)
     after = tokenizer.apply_chat_template(base + [{"role": "tool", "content": content}], tokenize=False,

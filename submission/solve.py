@@ -31,9 +31,9 @@ Renderer = Callable[[Task, int, View, str], list[int]]
 ToolTurn = Callable[[str], list[int]]
 
 
-def estimated_tool_turn(text: str) -> list[int]:
-    """Length-only stand-in for engines without a tokenizer (replay): about 3 characters per token."""
-    return [0] * (len(text) // 3 + 8)
+def estimated_ids(text: str) -> list[int]:
+    """Length-only stand-in for token ids where there is no tokenizer (the replay engine): 3 characters a token."""
+    return [0] * (len(text) // 3)
 
 
 def view_for(level: Level, n_train: int) -> View:
@@ -106,7 +106,7 @@ class Attempts:
     sandbox: Sandbox
     render: Renderer
     clock: Callable[[], float]  # seconds since the run started
-    tool_turn: ToolTurn = estimated_tool_turn
+    tool_turn: ToolTurn = estimated_ids
     best: dict[tuple[str, int], tuple[int, str]] = field(default_factory=dict)  # demos right, program
 
     def note_program(self, record: AttemptRecord) -> None:
@@ -150,8 +150,7 @@ class Attempts:
             texts = [check_text(demo_results(task, check), test.output, test.message or test.status.value,
                                 config.failing_pairs, config.max_cells, config.test_output_max_cells, grids)
                      for grids in (True, False)]
-            tool_ids = self.tool_turn(within_tokens(texts, lambda t: len(self.tool_turn(t)),
-                                                    config.feedback_max_tokens))
+            tool_ids = within_tokens(texts, self.tool_turn, config.feedback_max_tokens)
             used += len(tool_ids)
             prompt = continued(prompt, turn.completion.token_ids, tool_ids)
             cap = turn_cap(config, len(turns), used, single, reserve)

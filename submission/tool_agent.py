@@ -59,13 +59,15 @@ def finished(train_perfect: bool, test_output: Grid | None) -> bool:
     return train_perfect and test_output is not None
 
 
-def within_tokens(texts: list[str], count, limit: int) -> str:
-    """The first of `texts` (most detailed first) that `count` puts within `limit` tokens, else the last one cut to
-    its first lines that fit."""
+def within_tokens(texts: list[str], encode, limit: int) -> list[int]:
+    """The ids (`encode(text)`) of the first of `texts` (most detailed first) within `limit` tokens, else of the last
+    one cut to its first lines that fit (its closing line kept)."""
     for text in texts:
-        if count(text) <= limit:
-            return text
+        ids = encode(text)
+        if len(ids) <= limit:
+            return ids
     lines = texts[-1].split("\n")
-    while len(lines) > 1 and count("\n".join(lines)) > limit:
+    while len(lines) > 1 and len(ids) > limit:
         lines.pop(-2)  # keep the closing instruction
-    return "\n".join(lines)
+        ids = encode("\n".join(lines))
+    return ids

@@ -60,10 +60,10 @@ def test_check_text_shows_failing_pairs_and_a_small_test_output():
 
 
 def test_within_tokens_prefers_detail_then_cuts_lines():
-    count = len  # one token per character
-    assert within_tokens(["long text", "short"], count, 6) == "short"
-    assert within_tokens(["long text", "short"], count, 20) == "long text"
-    assert within_tokens(["a\nbbbbbbbbbb\nend"], count, 6) == "a\nend"  # the closing line is kept
+    encode = list  # one token per character
+    assert within_tokens(["long text", "short"], encode, 6) == list("short")
+    assert within_tokens(["long text", "short"], encode, 20) == list("long text")
+    assert within_tokens(["a\nbbbbbbbbbb\nend"], encode, 6) == list("a\nend")  # the closing line is kept
 
 
 class Scripted:
