@@ -26,10 +26,10 @@ export ARC_DATA
 
 env: $(VENV)/.installed
 
-$(VENV)/.installed: requirements/core.txt
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/core.txt
-	touch $@
+# No prerequisites: the folder is keyed by the requirements' hash, so its stamp alone says it is up to date
+# (requirements/install.sh: a lock for concurrent set-ups, pip's per-package lines as progress).
+$(VENV)/.installed:
+	bash requirements/install.sh $(PYTHON) $(VENV) requirements/core.txt
 
 engine-env: $(ENGINE_VENV)/.installed
 
@@ -37,26 +37,16 @@ build-env: $(BUILD_VENV)/.installed
 
 unsloth-env: $(UNSLOTH_VENV)/.installed
 
-# A torch environment ($(1): folder, $(2): its requirements file, $(3): packages to remove). torch first, alone, at
-# the pin of the environment's own requirements file: with no torch installed, a dependency asking for a torch range
-# could pull a CUDA build. vLLM's CPU build and unsloth fail on the torchvision / torchaudio / torchcodec that their
-# dependencies bring, so those environments remove them.
-define torch_env
-$(PYTHON) -m venv $(1)
-$(1)/bin/python -m pip install --quiet --disable-pip-version-check $(shell grep '^torch==' $(2))
-$(1)/bin/python -m pip install --quiet --disable-pip-version-check -r $(2)
-$(if $(3),$(1)/bin/python -m pip uninstall --quiet --yes $(3))
-touch $(1)/.installed
-endef
+# vLLM's CPU build and unsloth fail on the torchvision / torchaudio / torchcodec that their dependencies bring, so
+# those environments remove them.
+$(ENGINE_VENV)/.installed:
+	bash requirements/install.sh $(PYTHON) $(ENGINE_VENV) requirements/engine-cpu.txt torchvision torchaudio torchcodec
 
-$(ENGINE_VENV)/.installed: requirements/core.txt requirements/engine-cpu.txt
-	$(call torch_env,$(ENGINE_VENV),requirements/engine-cpu.txt,torchvision torchaudio torchcodec)
+$(BUILD_VENV)/.installed:
+	bash requirements/install.sh $(PYTHON) $(BUILD_VENV) requirements/build-cpu.txt
 
-$(BUILD_VENV)/.installed: requirements/core.txt requirements/build-cpu.txt
-	$(call torch_env,$(BUILD_VENV),requirements/build-cpu.txt,)
-
-$(UNSLOTH_VENV)/.installed: requirements/core.txt requirements/unsloth-cpu.txt
-	$(call torch_env,$(UNSLOTH_VENV),requirements/unsloth-cpu.txt,torchvision torchaudio torchcodec)
+$(UNSLOTH_VENV)/.installed:
+	bash requirements/install.sh $(PYTHON) $(UNSLOTH_VENV) requirements/unsloth-cpu.txt torchvision torchaudio torchcodec
 
 # The whole suite, the real engines included (vLLM's CPU build, transformers): the engine environment; then the
 # checkpoint-surgery and training tests in the build environment (compressed-tensors' converter is newer than vLLM's
