@@ -13,16 +13,16 @@ if [ -f "$venv/.installed" ]; then exit 0; fi
 rm -rf "$venv"
 echo "== setting up $venv from $req (first time on this machine only)"
 "$python" -m venv "$venv"
-pip=("$venv/bin/python" -m pip --disable-pip-version-check --progress-bar off)
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 # torch first, alone, at the environment's own pin: with no torch installed, a dependency asking for a torch range
 # could pull a CUDA build.
 torch=$(grep -h '^torch==' "$req" || true)
 if [ -n "$torch" ]; then
     echo "== $venv: $torch (CPU build)"
-    "${pip[@]}" install "$torch"
+    "${pip[@]}" install --progress-bar off "$torch"
 fi
 echo "== $venv: -r $req"
-"${pip[@]}" install -r "$req"
+"${pip[@]}" install --progress-bar off -r "$req"
 if [ $# -gt 0 ]; then
     echo "== $venv: removing $* (they fail to import beside this torch)"
     "${pip[@]}" uninstall --yes "$@"
