@@ -103,11 +103,12 @@ wheels: env
 # the cpu-tiny profile. For a real model: make bundle PROFILE=moe-4xL4 MODEL=/ckpt LIST=lists/c8.json
 # (TARGET=, RECIPE=, CALIBRATION_TASKS= override the profile).
 PROFILE ?= cpu-tiny
+BUNDLE_ARGS = $(if $(filter command line,$(origin TARGET)),--target $(TARGET)) $(if $(MODEL),--model $(MODEL)) \
+	$(if $(LIST),--list $(LIST)) $(if $(RECIPE),--recipe $(RECIPE)) \
+	$(if $(CALIBRATION_TASKS),--calibration-tasks $(CALIBRATION_TASKS))
 bundle: build-env
 	rm -rf $(OUT)/bundle
-	$(BPY) -m build.pipeline --profile $(PROFILE) --out $(OUT)/bundle $(if $(filter command line,$(origin TARGET)),--target $(TARGET)) \
-	    $(if $(MODEL),--model $(MODEL)) $(if $(LIST),--list $(LIST)) $(if $(RECIPE),--recipe $(RECIPE)) \
-	    $(if $(CALIBRATION_TASKS),--calibration-tasks $(CALIBRATION_TASKS))
+	$(BPY) -m build.pipeline --profile $(PROFILE) --out $(OUT)/bundle $(strip $(BUNDLE_ARGS))
 
 # Rejection-sampling fine-tuning end to end on the tiny model: traces sampled with the hf engine on 4 ARC training
 # tasks (plus one injected known-correct trace per input, marked as such: random weights are rarely right), filters,
