@@ -64,6 +64,7 @@ class Source:
     def __init__(self, where: Path):
         self.where = Path(where)
         self._zip = zipfile.ZipFile(self.where) if self.where.is_file() else None
+        self._classes: dict[str, dict[str, ast.ClassDef]] = {}
 
     def read_bytes(self, path: str) -> bytes:
         return self._zip.read(path) if self._zip is not None else (self.where / path).read_bytes()
@@ -72,7 +73,11 @@ class Source:
         return self.read_bytes(path).decode()
 
     def classes(self, path: str) -> dict[str, ast.ClassDef]:
-        return {node.name: node for node in ast.parse(self.read(path)).body if isinstance(node, ast.ClassDef)}
+        """The module's top-level classes by name (parsed once per file)."""
+        if path not in self._classes:
+            tree = ast.parse(self.read(path))
+            self._classes[path] = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+        return self._classes[path]
 
 
 def _is_init_false(value: ast.expr | None) -> bool:
