@@ -45,13 +45,16 @@ def fetch_wheel(target_name: str, package: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     with open(CACHE / f"{package}-{version}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another clone may be downloading the same file
-        if not ((folder / file).exists() and sha256(folder / file) == digest):
-            with tempfile.NamedTemporaryFile("w", suffix=".txt") as requirement:
-                requirement.write(f"{package}=={version} --hash=sha256:{digest}\n")
-                requirement.flush()
-                subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes",
-                                "--dest", str(folder), *_platform_args(target(target_name)), "-r", requirement.name],
-                               check=True)
+        if (folder / file).exists() and sha256(folder / file) == digest:
+            return folder / file
+        with tempfile.NamedTemporaryFile("w", suffix=".txt") as requirement:
+            requirement.write(f"{package}=={version} --hash=sha256:{digest}\n")
+            requirement.flush()
+            done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes",
+                                   "--dest", str(folder), *_platform_args(target(target_name)), "-r", requirement.name])
+        if done.returncode != 0:
+            raise SystemExit(f"error: {file} is not in {folder} and pip could not download it "
+                             f"(exit {done.returncode}; no network?)")
         if sha256(folder / file) != digest:
             raise SystemExit(f"error: {folder / file} does not match its hash in {LOCKS / (target_name + '.txt')}")
     return folder / file
