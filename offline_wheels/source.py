@@ -75,6 +75,24 @@ class Source:
     def read(self, path: str) -> str:
         return self.read_bytes(path).decode()
 
+    def literal_values(self, path: str, name: str) -> set[str]:
+        """The strings a module-level `Name = Literal[...]` admits, nested Literal names of the same module included
+        (vLLM's option types: `CacheDType`, `SpeculativeMethod`, ...)."""
+        assigned = {}
+        for node in ast.parse(self.read(path)).body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                assigned[node.targets[0].id] = node.value
+        if not (isinstance(assigned.get(name), ast.Subscript) and ast.unparse(assigned[name].value) == "Literal"):
+            raise KeyError(f"{path}: no {name} = Literal[...]")
+        out = set()
+        items = assigned[name].slice
+        for item in items.elts if isinstance(items, ast.Tuple) else [items]:
+            if isinstance(item, ast.Constant):
+                out.add(item.value)
+            elif isinstance(item, ast.Name):
+                out |= self.literal_values(path, item.id)
+        return out
+
     def classes(self, path: str) -> dict[str, ast.ClassDef]:
         """The module's top-level classes by name (parsed once per file)."""
         if path not in self._classes:
@@ -102,6 +120,24 @@ def init_keywords(classes: dict[str, ast.ClassDef], name: str) -> set[str]:
             if "ClassVar" in ast.unparse(item.annotation) or _is_init_false(item.value):
                 continue
             out.add(item.target.id)
+    return out
+
+
+def instance_attributes(classes: dict[str, ast.ClassDef], name: str) -> set[str]:
+    """Attributes an instance has: its annotated fields (`init=False` ones too), its properties and every
+    `self.x = ...` in its `__init__`."""
+    out = set()
+    for item in classes[name].body:
+        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            out.add(item.target.id)
+        elif isinstance(item, ast.FunctionDef) and is_property(item):
+            out.add(item.name)
+        elif isinstance(item, ast.FunctionDef) and item.name == "__init__":
+            for node in ast.walk(item):
+                targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+                for t in targets:
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                        out.add(t.attr)
     return out
 
 

