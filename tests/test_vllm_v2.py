@@ -114,12 +114,14 @@ def test_the_class_registered_for_a_v2_runner_is_one_033_loads(loader, v033):
     assert "logits_processors" in init_keywords(v033.classes("vllm/config/model.py"), "ModelConfig")
 
 
-def test_installed_v1_loader_takes_the_v1_class(installed):
-    from vllm.v1.sample.logits_processor import LogitsProcessor
+def test_installed_v1_loader_takes_the_v1_class_and_refuses_the_v2_class(installed):
+    from vllm.v1.sample.logits_processor import _load_logitsprocs_by_fqcns
 
     from submission.engines import vllm_logits
 
-    assert issubclass(vllm_logits.AnswerTemperature, LogitsProcessor)
+    assert _load_logitsprocs_by_fqcns([LOGITS_PROCESSORS[False]]) == [vllm_logits.AnswerTemperature]
+    with pytest.raises(ValueError, match="subclass"):
+        _load_logitsprocs_by_fqcns([LOGITS_PROCESSORS[True]])
 
 
 # --- apply on synthetic V2 batches -----------------------------------------------------------------------------
