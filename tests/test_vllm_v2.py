@@ -198,8 +198,11 @@ def random_logits(rows: int, device: str = "cpu"):
 
 
 def synthetic_step(device: str = "cpu"):
-    """Five requests with two draft tokens each (15 rows, shuffled); returns (processor, rows, logits, result, want)."""
+    """Five requests with two draft tokens each (15 rows, shuffled); returns (processor, rows, logits, result, want).
+    On CUDA, apply runs under torch's sync debug mode "error": the per-step path must not synchronise."""
     import random
+
+    import torch
 
     from submission.engines.vllm_logits_v2 import AnswerTemperature
 
@@ -222,7 +225,14 @@ def synthetic_step(device: str = "cpu"):
     random.Random(0).shuffle(order)
     rows, ctx = batch.context(order)
     logits = random_logits(len(rows), device)
-    result = processor.apply(logits.clone(), ctx)
+    logits_in = logits.clone()
+    if device == "cuda":  # apply must not wait for the GPU: any synchronising call raises in this mode
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        result = processor.apply(logits_in, ctx)
+    finally:
+        if device == "cuda":
+            torch.cuda.set_sync_debug_mode("default")
     requests = {slot: (prompt + output, drafts, len(prompt)) for slot, (_, output, drafts) in layout.items()}
     want = expected(rows, requests, {s: v[0] for s, v in layout.items() if v[0] is not None}, logits.cpu())
     return processor, rows, logits, result, want
@@ -306,7 +316,7 @@ def test_a_think_at_the_end_of_the_prompt_does_not_count():
 
 
 @pytest.mark.requires_gpu
-def test_apply_on_cuda_tensors_matches_the_reference():
+def test_apply_on_cuda_tensors_matches_the_reference_without_a_host_sync():
     pytest.importorskip("vllm.v1.worker.gpu.sample.logits_processor.interface", reason="needs vLLM's V2 interface")
     import torch
 
