@@ -436,6 +436,8 @@ def test_every_vllm_name_the_kit_imports_exists(which, request):
             for alias in node.names:
                 assert exists(source, f"{base}/{alias.name}/__init__.py") or re.search(
                     rf"\b{alias.name}\b", text), f"{kit_file}: {node.module} has no {alias.name}"
+    configs = source.read("vllm/config/__init__.py")  # the engine takes SUB_CONFIGS' classes from vllm.config
+    assert all(re.search(rf"\b{cls}\b", configs) for cls in SUB_CONFIGS.values())
 
 
 def exists(source: Source, path: str) -> bool:
