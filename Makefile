@@ -22,7 +22,8 @@ UNSLOTH_VENV ?= $(KIT_CACHE)/venv-unsloth-cpu-py$(PYVER)-$(UNSHASH)
 UPY       := $(UNSLOTH_VENV)/bin/python
 export ARC_DATA
 
-.PHONY: env engine-env build-env unsloth-env prune-demo wheels bundle train-rft test test-core dry-run simulate demo bench clean
+.PHONY: env engine-env build-env unsloth-env vllm-gpu-wheel prune-demo wheels bundle train-rft test test-core dry-run \
+	simulate demo bench clean
 
 env: $(VENV)/.installed
 
@@ -48,10 +49,15 @@ $(BUILD_VENV)/.installed:
 $(UNSLOTH_VENV)/.installed:
 	bash requirements/install.sh $(PYTHON) $(UNSLOTH_VENV) requirements/unsloth-cpu.txt torchvision torchaudio torchcodec
 
+# vLLM's GPU release, the locked wheel of kaggle-gpu-py311 (~340 MB), downloaded once into
+# ~/.cache/arc-kit/wheels/vllm-0.33.0 and never installed: tests/test_vllm_v2.py reads its source.
+vllm-gpu-wheel: env
+	$(PY) -m offline_wheels.source --target kaggle-gpu-py311 --package vllm
+
 # The whole suite, the real engines included (vLLM's CPU build, transformers): the engine environment; then the
 # checkpoint-surgery and training tests in the build environment (compressed-tensors' converter is newer than vLLM's
-# pin); then the unsloth backend's test in its own environment.
-test: engine-env build-env unsloth-env
+# pin); then the unsloth backend's test in its own environment. The vLLM contract tests read the GPU release's wheel.
+test: engine-env build-env unsloth-env vllm-gpu-wheel
 	$(EPY) -m pytest -q tests
 	$(BPY) -m pytest -q tests/test_prune.py tests/test_patch_eot.py tests/test_quantize.py tests/test_pipeline.py \
 	    tests/test_rft.py

