@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ANSWER_CELL = '''# 1. A complete [[0]] submission.json from the competition's test file before anything else: whatever fails later
-#    (no kit dataset attached, a crash, a failed install), a valid answer file is in place.
+ANSWER_CELL = '''# 1. A complete [[0]] submission.json from the competition's test file before anything else:
+#    whatever fails later (no kit dataset attached, a crash, a failed install), a valid answer file is in place.
 import glob, json, os, sys, time
 STARTED = time.time()  # the deadline counts from the notebook's own start
 INPUT = os.environ.get("ARC_KIT_INPUT", "/kaggle/input")
@@ -46,8 +46,9 @@ else:
     print(f"no arc-agi_test_challenges.json under {INPUT}: add the competition's data as an input "
           "(no answer file written)", file=sys.stderr)
 '''
-BOOT_CELL = '''# 2. Everything else happens in the kit dataset's boot script (kit/submission/boot.py): verify, install, preflight, then
-#    the hidden set (rerun) or a rehearsal on a few public tasks (commit run). A failed rehearsal fails the commit.
+BOOT_CELL = '''# 2. Everything else happens in the kit dataset's boot script (kit/submission/boot.py): verify, install,
+#    preflight, then the hidden set (rerun) or a rehearsal on a few public tasks (commit run). A failed rehearsal
+#    fails the commit.
 import subprocess
 problem = None
 bundles = sorted(glob.glob(os.path.join(INPUT, "**", "kit", "bundle.json"), recursive=True))

@@ -155,15 +155,22 @@ def report(results: list[Check]) -> str:
     return "\n".join([verdict, *lines])
 
 
-def _nvidia_smi() -> tuple[tuple[Gpu, ...], str | None]:
-    try:
-        result = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
-                                 "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return (), None
-    rows = [[part.strip() for part in line.split(",")] for line in result.stdout.splitlines() if line.strip()]
+NVIDIA_SMI = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"]
+
+
+def parse_nvidia_smi(text: str) -> tuple[tuple[Gpu, ...], str | None]:
+    """GPUs and the driver version from NVIDIA_SMI's output ("NVIDIA L4, 23034, 580.82.07" per GPU, MiB). Pure."""
+    rows = [[part.strip() for part in line.split(",")] for line in text.splitlines() if line.strip()]
     rows = [r for r in rows if len(r) == 3 and r[1].isdigit()]
     return tuple(Gpu(r[0], int(r[1]) * 2**20) for r in rows), (rows[0][2] if rows else None)
+
+
+def _nvidia_smi() -> tuple[tuple[Gpu, ...], str | None]:
+    try:
+        result = subprocess.run(NVIDIA_SMI, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return (), None
+    return parse_nvidia_smi(result.stdout)
 
 
 def gather(bundle: Path, work: Path) -> Facts:

@@ -1,8 +1,9 @@
 """The offline bundle boots with the network cut: a tiny bundle (CPU target, tiny model) installs into a fresh virtual
 environment from its own wheels only, passes the preflight and runs the commit run's rehearsal on three ARC-AGI-2
 evaluation tasks (an attempt per task, written and scored) while submission.json stays the complete [[0]] file of the
-test set; a bundle missing a wheel fails with a message naming it and still leaves a complete [[0]] answer file. Needs the engine environment and the CPU
-target's wheels (fetched into ~/.cache/arc-kit/wheels on first use: about 500 MB)."""
+test set; a bundle missing a wheel fails with a message naming it and still leaves a complete [[0]] answer file.
+Needs the engine environment and the CPU target's wheels (fetched into ~/.cache/arc-kit/wheels on first use: about
+500 MB)."""
 
 from __future__ import annotations
 

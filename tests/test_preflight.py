@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from submission.config import load_profile
-from submission.preflight import GIB, Facts, Gpu, checks, cuda_major, gather, report
+from submission.preflight import GIB, Facts, Gpu, checks, cuda_major, gather, parse_nvidia_smi, report
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_LOCK = (REPO / "offline_wheels" / "locks" / "kaggle-gpu-py311.txt").read_text()
@@ -40,6 +40,14 @@ def failed(profile_name: str, facts: Facts) -> dict[str, str]:
 
 def test_the_locks_name_their_cuda():
     assert cuda_major(GPU_LOCK) == 13 and cuda_major(CPU_LOCK) is None
+
+
+def test_nvidia_smi_output_is_read():
+    text = "NVIDIA L4, 23034, 580.82.07\nNVIDIA L4, 23034, 580.82.07\n"
+    assert parse_nvidia_smi(text) == ((L4, L4), "580.82.07")
+    assert parse_nvidia_smi("") == ((), None)
+    failed_smi = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+    assert parse_nvidia_smi(failed_smi) == ((), None)
 
 
 def test_a_sound_kaggle_box_passes_every_check():
