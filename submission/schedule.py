@@ -75,10 +75,11 @@ class ScheduleConfig:
 
     def scaled(self, time_limit_s: float) -> ScheduleConfig:
         """This schedule in miniature for a shorter time limit (the commit run's rehearsal): every margin and minimum
-        time left, and every token count (level caps, `min_cap`, `cap_margin_tokens`, the promotion threshold),
-        multiplied by time_limit_s / self.time_limit_s. At the same per-stream rate each level then fits the short
-        run as it fits the full one, so a first attempt is made for every input that the engine reaches in time.
-        Prompt lengths, engine start-up and answer tokens do not scale: a rehearsal is a miniature, not a forecast."""
+        time left, and the level caps, `min_cap` and the promotion threshold, multiplied by time_limit_s /
+        self.time_limit_s, so each level fits the short run as it fits the full one and every input the engine
+        reaches in time gets a first attempt. `cap_margin_tokens` stays: it keeps time for the answer and program,
+        which are as long in a short run. Prompt lengths and engine start-up do not scale either: a rehearsal is a
+        miniature, not a forecast."""
         f = time_limit_s / self.time_limit_s
 
         def tokens(n: int) -> int:
@@ -87,10 +88,10 @@ class ScheduleConfig:
         return replace(
             self, time_limit_s=time_limit_s, hard_stop_margin_s=self.hard_stop_margin_s * f,
             stop_new_margin_s=self.stop_new_margin_s * f, cap_margin_s=self.cap_margin_s * f,
-            cap_margin_tokens=tokens(self.cap_margin_tokens), min_cap=tokens(self.min_cap),
-            cap_first_single=tokens(self.cap_first_single), cap_first_multi=tokens(self.cap_first_multi),
-            cap_second=tokens(self.cap_second), repair_caps=tuple(tokens(c) for c in self.repair_caps),
-            cap_extra=tokens(self.cap_extra), promote_below_thinking=tokens(self.promote_below_thinking),
+            min_cap=tokens(self.min_cap), cap_first_single=tokens(self.cap_first_single),
+            cap_first_multi=tokens(self.cap_first_multi), cap_second=tokens(self.cap_second),
+            repair_caps=tuple(tokens(c) for c in self.repair_caps), cap_extra=tokens(self.cap_extra),
+            promote_below_thinking=tokens(self.promote_below_thinking),
             repair_min_left_s=self.repair_min_left_s * f, extra_min_left_s=self.extra_min_left_s * f)
 
     @property
