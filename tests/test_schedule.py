@@ -234,6 +234,15 @@ def test_a_time_limit_inside_the_margins_is_refused_with_the_numbers():
     assert ScheduleConfig(time_limit_s=901).stop_new == 1.0
 
 
+def test_a_profile_with_a_limit_inside_its_margins_is_refused_naming_the_file(tmp_path):
+    from submission.config import ProfileError, load_profile
+
+    path = tmp_path / "short.toml"
+    path.write_text("[schedule]\ntime_limit_s = 600.0\n")  # the MoE margins: 7 and 15 minutes
+    with pytest.raises(ProfileError, match=r"short.toml.schedule: schedule: time_limit_s 600 s .*\(900 s\)"):
+        load_profile(path)
+
+
 @pytest.mark.parametrize("limit", [900.0, 1800.0])
 def test_a_scaled_schedule_is_the_full_one_in_miniature(limit):
     """The commit run's rehearsal (issue 12): the MoE schedule scaled to a short limit makes a first attempt for every
