@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             written = json.loads(answer.read_text())
             complete = all(len(written.get(t, [])) == len(slots) for t, slots in fallback.items())
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError, TypeError):  # no file, not JSON, not an object of lists
             complete = False
         if not complete:
             print("boot: the answer file was missing or incomplete: wrote the [[0]] file", file=sys.stderr)
