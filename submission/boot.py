@@ -216,16 +216,19 @@ def main(argv: list[str] | None = None) -> int:
     except (BootError, OSError, KeyError, ValueError, subprocess.SubprocessError) as err:
         print(f"boot: {err}", file=sys.stderr)
         status = 3
-    if fallback is not None:
-        try:
-            written = json.loads(answer.read_text())
-            complete = all(len(written.get(t, [])) == len(slots) for t, slots in fallback.items())
-        except (OSError, ValueError, AttributeError, TypeError):  # no file, not JSON, not an object of lists
-            complete = False
-        if not complete:
-            print("boot: the answer file was missing or incomplete: wrote the [[0]] file", file=sys.stderr)
-            write_json(answer, fallback)
+    if fallback is not None and not complete(answer, fallback):
+        print("boot: the answer file was missing or incomplete: wrote the [[0]] file", file=sys.stderr)
+        write_json(answer, fallback)
     return status
+
+
+def complete(answer: Path, fallback: dict) -> bool:
+    """Whether the answer file has every task of `fallback` with as many test inputs."""
+    try:
+        written = json.loads(answer.read_text())
+        return all(len(written.get(t, [])) == len(slots) for t, slots in fallback.items())
+    except (OSError, ValueError, AttributeError, TypeError):  # no file, not JSON, not an object of lists
+        return False
 
 
 def solve(args: argparse.Namespace, profile: str, model: Path, env: dict, tasks: Path, out: Path,

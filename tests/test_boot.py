@@ -45,6 +45,17 @@ def test_rehearsal_problems_name_the_tasks_without_a_finished_attempt():
     assert boot.rehearsal_problems(["a"], []) == ["no attempt finished on any of the 1 rehearsal tasks"]
 
 
+def test_an_answer_file_is_complete_only_with_every_task_and_input(tmp_path):
+    fallback = {"a": [{}], "b": [{}, {}]}
+    answer = tmp_path / "submission.json"
+    assert not boot.complete(answer, fallback)  # missing
+    for broken in ("{", "[1, 2]", '{"a": [1], "b": 3}', '{"a": [1], "b": [1]}'):
+        answer.write_text(broken)
+        assert not boot.complete(answer, fallback), broken
+    answer.write_text('{"a": [1], "b": [1, 2]}')
+    assert boot.complete(answer, fallback)
+
+
 @pytest.fixture(scope="module")
 def kaggle_input(tmp_path_factory, arc_data):
     """/kaggle/input as the commit run sees it: the public evaluation challenges and solutions (the five smallest real
