@@ -1,15 +1,22 @@
 """The notebook's entry on Kaggle: install from the bundle with no network, then run the solver, whatever happens.
 
-    python kit/submission/boot.py --bundle /kaggle/input/DATASET [--tasks PATH] [--out-dir /kaggle/working]
-                                  [--started EPOCH_SECONDS] [--dry-run-tasks 3]
+    python kit/submission/boot.py --bundle /kaggle/input/DATASET [--input /kaggle/input] [--tasks PATH]
+                                  [--out-dir /kaggle/working] [--started EPOCH_SECONDS] [--rehearsal-tasks 3]
+                                  [--rehearsal-deadline 1800] [--full-verify]
 
-Standard library only until the wheels are installed. In order: write a complete `[[0]]` submission.json (so the
-output exists even if everything below fails); verify the bundle against its manifest (sizes of every file, sha256
-of the wheels and the kit; `--full-verify` hashes the model too); reassemble split files into a working copy; install
-the locked wheels with `pip install --no-index --find-links`; set the offline environment (no hub, no telemetry);
-detect the hidden-set rerun (`KAGGLE_IS_COMPETITION_RERUN`), else run a short dry run on a few public tasks; compute
-the deadline from the notebook's own start time; run `submission.main` with the bundle's profile; and check
-submission.json once more, rewriting the `[[0]]` file if the solver left none or a broken one.
+Standard library only until the wheels are installed. In order: write a complete `[[0]]` submission.json from the
+competition's test file (found under --input; so the output exists even if everything below fails); verify the bundle
+against its manifest (sizes of every file, sha256 of the wheels and the kit; `--full-verify` hashes the model too);
+install the locked wheels with `pip install --no-index --find-links`; set the offline environment (no hub, no
+telemetry); run the preflight (submission/preflight.py: GPUs, driver, disk, model config against the profile; a
+refusal stops here with its report); reassemble split files into a working copy; then either
+- the hidden-set rerun (`KAGGLE_IS_COMPETITION_RERUN`): `submission.main` with the bundle's profile on the test file,
+  its deadline counted from the notebook's own start; or
+- the commit run, a rehearsal: the same profile on the first `--rehearsal-tasks` public evaluation tasks, the schedule
+  scaled to `--rehearsal-deadline` (`--scale-schedule`) so every task gets an attempt, written and scored under
+  out-dir/rehearsal/; exit status 3 if the solver fails (the engine did not start) or a task gets no finished attempt;
+and finally check submission.json once more, rewriting the `[[0]]` file if the solver left none or a broken one.
+Every step boot waits for ends before the time limit (END_MARGIN_S).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import time
 from pathlib import Path
 
 TIME_LIMIT_S = 12 * 3600
+END_MARGIN_S = 60.0  # every step boot waits for ends this long before the limit (the solver's deadline twice this)
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PIP_NO_INDEX": "1"}
 
@@ -39,6 +47,8 @@ def zero_submission(tasks_path: Path) -> dict:
         raw = {p.stem: json.loads(p.read_text()) for p in sorted(tasks_path.glob("*.json"))}
     else:
         raw = json.loads(tasks_path.read_text())
+        if not isinstance(raw, dict):
+            raise ValueError(f"{tasks_path}: expected a JSON object of tasks, got {type(raw).__name__}")
         if "train" in raw and "test" in raw:
             raw = {tasks_path.stem: raw}
     zero = {"attempt_1": [[0]], "attempt_2": [[0]]}
@@ -95,63 +105,172 @@ def reassembled(folder: Path, work: Path, suffix: str) -> Path:
     return copy
 
 
-def install(bundle: Path, requirements: str) -> None:
+def install(bundle: Path, requirements: str, timeout: float) -> None:
     requirements = bundle / "kit" / requirements
-    result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--find-links",
-                             str(bundle / "wheels"), "-r", str(requirements)], capture_output=True, text=True)
+    try:
+        result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--find-links",
+                                 str(bundle / "wheels"), "-r", str(requirements)], capture_output=True, text=True,
+                                timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise BootError(f"installing from {bundle / 'wheels'} took over {timeout:.0f} s") from None
     if result.returncode != 0:
         raise BootError(f"installing from {bundle / 'wheels'} failed (a wheel missing or for another Python?):\n"
                         + (result.stderr or result.stdout)[-2000:])
 
 
+def remaining(started: float, now: float) -> float:
+    """Seconds left of the notebook's time limit."""
+    return TIME_LIMIT_S - (now - started)
+
+
+def step_timeout(started: float, now: float, cap: float) -> float:
+    """A timeout for one step that ends `END_MARGIN_S` before the time limit (and after at most `cap` seconds)."""
+    return max(1.0, min(cap, remaining(started, now) - END_MARGIN_S))
+
+
+def solver_deadline(started: float, now: float, rehearsal_s: float | None) -> tuple[float, float]:
+    """The solver's --deadline and the timeout boot waits for it. The solver's own watchdog ends it by its deadline,
+    which leaves 2 x END_MARGIN_S of the limit; boot's timeout ends END_MARGIN_S before the limit, time enough to check
+    the answer file. A rehearsal (`rehearsal_s`) is shorter still."""
+    deadline = remaining(started, now) - 2 * END_MARGIN_S
+    if rehearsal_s is not None:
+        deadline = min(rehearsal_s, deadline)
+    return deadline, step_timeout(started, now, deadline + END_MARGIN_S / 2)
+
+
+def find(root: Path, name: str) -> Path | None:
+    """The first file called `name` anywhere under `root` (Kaggle mounts the competition's data under
+    /kaggle/input/<slug>/, and the slug changes between competitions)."""
+    found = sorted(root.rglob(name)) if root.is_dir() else []
+    return found[0] if found else None
+
+
+def rehearsal_problems(task_ids: list[str], log_lines: list[str]) -> list[str]:
+    """What the rehearsal failed to show: tasks with no finished attempt (an aborted or failed one does not count).
+    Empty when every task got at least one."""
+    finished = {}
+    for line in log_lines:
+        record = json.loads(line)
+        if not record.get("aborted"):
+            finished[record["task_id"]] = finished.get(record["task_id"], 0) + 1
+    if not finished:
+        return [f"no attempt finished on any of the {len(task_ids)} rehearsal tasks"]
+    return [f"no attempt finished on task {t}" for t in task_ids if t not in finished]
+
+
+def run_step(command: list[str], cwd: Path, env: dict, timeout: float, what: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(command, cwd=cwd, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise BootError(f"{what} did not end within {timeout:.0f} s (stopped before the time limit)") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="boot.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", required=True, type=Path)
-    parser.add_argument("--tasks", type=Path, help="default: the competition's challenges file")
+    parser.add_argument("--input", type=Path, default=Path("/kaggle/input"), help="where the competition's data is")
+    parser.add_argument("--tasks", type=Path, help="default: arc-agi_test_challenges.json under --input")
     parser.add_argument("--out-dir", type=Path, default=Path("/kaggle/working"))
     parser.add_argument("--started", type=float, default=time.time(), help="when the notebook started (epoch s)")
-    parser.add_argument("--dry-run-tasks", type=int, default=3)
-    parser.add_argument("--dry-run-deadline", type=float, default=240.0)
+    parser.add_argument("--rehearsal-tasks", type=int, default=3, help="commit run: public evaluation tasks to run")
+    parser.add_argument("--rehearsal-deadline", type=float, default=1800.0,
+                        help="commit run: the rehearsal's time limit in seconds (engine start included)")
     parser.add_argument("--full-verify", action="store_true")
     args = parser.parse_args(argv)
     rerun = bool(os.environ.get("KAGGLE_IS_COMPETITION_RERUN"))
-    tasks = args.tasks or Path("/kaggle/input/arc-prize-2025") / ("arc-agi_test_challenges.json" if rerun
-                                                                  else "arc-agi_evaluation_challenges.json")
+    tasks = args.tasks or find(args.input, "arc-agi_test_challenges.json")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     answer = args.out_dir / "submission.json"
-    fallback = zero_submission(tasks)
-    write_json(answer, fallback)  # the output exists from here on, whatever fails below
+    fallback = None
+    if tasks is None:
+        print(f"boot: no arc-agi_test_challenges.json under {args.input}: no answer file written (is the "
+              f"competition's data attached?)", file=sys.stderr)
+    else:
+        try:
+            fallback = zero_submission(tasks)
+            write_json(answer, fallback)  # the output exists from here on, whatever fails below
+        except (OSError, ValueError) as err:
+            print(f"boot: no answer file written: cannot read {tasks}: {err}", file=sys.stderr)
     status = 0
     try:
         verify(args.bundle, args.full_verify)
         meta = json.loads((args.bundle / "kit" / "bundle.json").read_text())
         manifest = json.loads((args.bundle / "manifest.json").read_text())
         work = args.out_dir.parent / "arc-kit-work"
-        work.mkdir(parents=True, exist_ok=True)
-        model = reassembled(args.bundle / "model", work, manifest.get("split_part_suffix", ".part"))
-        install(args.bundle, meta["requirements"])
+        install(args.bundle, meta["requirements"], step_timeout(args.started, time.time(), 3600))
         env = dict(os.environ, **OFFLINE)
-        elapsed = time.time() - args.started
-        deadline = TIME_LIMIT_S - elapsed if rerun else min(args.dry_run_deadline, TIME_LIMIT_S - elapsed)
-        command = [sys.executable, "-m", "submission.main", "--tasks", str(tasks), "--out", str(answer),
-                   "--profile", meta["profile"], "--model", str(model), "--deadline", str(int(deadline)),
-                   "--log", str(args.out_dir / "attempts.jsonl")]
-        if not rerun:
-            command += ["--max-tasks", str(args.dry_run_tasks)]
-        result = subprocess.run(command, cwd=args.bundle / "kit", env=env, timeout=max(deadline, 1) + 60)
-        status = result.returncode
+        kit = args.bundle / "kit"
+        preflight = subprocess.run([sys.executable, "-m", "submission.preflight", "--bundle", str(args.bundle),
+                                    "--work", str(work)], cwd=kit, env=env, capture_output=True, text=True,
+                                   timeout=step_timeout(args.started, time.time(), 300))
+        print(preflight.stdout + preflight.stderr, end="")
+        if preflight.returncode != 0:
+            raise BootError("the preflight refused this machine or bundle (report above)")
+        model = reassembled(args.bundle / "model", work, manifest.get("split_part_suffix", ".part"))
+        if rerun and tasks is None:
+            raise BootError(f"the rerun has no arc-agi_test_challenges.json under {args.input}")
+        if rerun:
+            status = solve(args, meta["profile"], model, env, tasks, answer, None, args.out_dir / "attempts.jsonl")
+        else:
+            status = rehearse(args, meta["profile"], model, env)
     except (BootError, OSError, KeyError, ValueError, subprocess.SubprocessError) as err:
         print(f"boot: {err}", file=sys.stderr)
         status = 3
-    try:
-        written = json.loads(answer.read_text())
-        complete = all(len(written.get(t, [])) == len(slots) for t, slots in fallback.items())
-    except (OSError, ValueError):
-        complete = False
-    if not complete:
+    if fallback is not None and not complete(answer, fallback):
         print("boot: the answer file was missing or incomplete: wrote the [[0]] file", file=sys.stderr)
         write_json(answer, fallback)
     return status
+
+
+def complete(answer: Path, fallback: dict) -> bool:
+    """Whether the answer file has every task of `fallback` with as many test inputs."""
+    try:
+        written = json.loads(answer.read_text())
+        return all(len(written.get(t, [])) == len(slots) for t, slots in fallback.items())
+    except (OSError, ValueError, AttributeError, TypeError):  # no file, not JSON, not an object of lists
+        return False
+
+
+def solve(args: argparse.Namespace, profile: str, model: Path, env: dict, tasks: Path, out: Path,
+          rehearsal: tuple[int, Path | None] | None, log: Path) -> int:
+    """Run submission.main (the hidden set, or `rehearsal` = (tasks, solutions) on a scaled schedule)."""
+    deadline, timeout = solver_deadline(args.started, time.time(), args.rehearsal_deadline if rehearsal else None)
+    if deadline < 1:
+        raise BootError(f"no time left for the solver ({deadline:.0f} s before its margins)")
+    command = [sys.executable, "-m", "submission.main", "--tasks", str(tasks), "--out", str(out), "--profile", profile,
+               "--model", str(model), "--deadline", str(int(deadline)), "--log", str(log)]
+    if rehearsal:
+        command += ["--max-tasks", str(rehearsal[0]), "--scale-schedule"]
+        command += ["--solutions", str(rehearsal[1])] if rehearsal[1] else []
+    return run_step(command, args.bundle / "kit", env, timeout, "the solver").returncode
+
+
+def rehearse(args: argparse.Namespace, profile: str, model: Path, env: dict) -> int:
+    """The commit run: the bundle's profile on a few public evaluation tasks with the schedule scaled to a short
+    deadline, written and scored under out-dir/rehearsal/ (submission.json stays the [[0]] file of the test set).
+    Non-zero, with the reason, if the solver fails or a task gets no finished attempt: learn it before a rerun."""
+    challenges = find(args.input, "arc-agi_evaluation_challenges.json")
+    if challenges is None:
+        raise BootError(f"rehearsal: no arc-agi_evaluation_challenges.json under {args.input}")
+    solutions = find(args.input, "arc-agi_evaluation_solutions.json")
+    folder = args.out_dir / "rehearsal"
+    folder.mkdir(exist_ok=True)
+    log = folder / "attempts.jsonl"
+    log.unlink(missing_ok=True)
+    print(f"boot: rehearsal (commit run): {args.rehearsal_tasks} tasks of {challenges}, schedule scaled to "
+          f"{args.rehearsal_deadline:.0f} s", flush=True)
+    status = solve(args, profile, model, env, challenges, folder / "submission.json",
+                   (args.rehearsal_tasks, solutions), log)
+    ids = sorted(json.loads(challenges.read_text()))[:args.rehearsal_tasks]
+    lines = log.read_text().splitlines() if log.exists() else []
+    problems = rehearsal_problems(ids, lines)
+    if status != 0:  # -14: its own deadline alarm (SIGALRM) ended it
+        problems.insert(0, f"the solver exited with status {status}"
+                        + ("" if lines else " before any attempt finished (did the engine start? see above)"))
+    if problems:
+        raise BootError("rehearsal failed: " + "; ".join(problems))
+    print(f"boot: rehearsal ok: every one of {len(ids)} tasks got a finished attempt ({folder})", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,14 +1,17 @@
 """The solver: one request per attempt on a deadline-aware schedule, answers rewritten after every attempt.
 
     python -m submission.main --tasks PATH --out submission.json --profile NAME [--model DIR]
-                              [--deadline SECONDS] [--log attempts.jsonl] [--resume] [--solutions PATH]
+                              [--deadline SECONDS [--scale-schedule]] [--log attempts.jsonl] [--resume]
+                              [--solutions PATH] [--max-tasks N]
 
 `--deadline` is the time limit L in seconds from now (default: the profile's schedule.time_limit_s); the schedule's
-margins count back from it. The answer file exists, complete, before the first request and is rewritten atomically
-after every attempt; every finished attempt is appended to the log (flushed and fsynced). `--resume` continues from
-the log: finished attempts are restored, never redone. A watchdog ends the process before the deadline whatever the
-engine does. An attempt the engine fails is retried once; if the engine dies it is restarted once and its running
-attempts go back to the queue; the answers so far are always kept.
+margins count back from it, and a limit inside them is refused with the numbers. `--scale-schedule` shrinks every
+margin and cap in proportion instead (`ScheduleConfig.scaled`: the notebook's commit-run rehearsal). The answer
+file exists, complete, before the first request and is rewritten atomically after every attempt; every finished
+attempt is appended to the log (flushed and fsynced). `--resume` continues from the log: finished attempts are
+restored, never redone. A watchdog ends the process before the deadline whatever the engine does. An attempt the
+engine fails is retried once; if the engine dies it is restarted once and its running attempts go back to the queue;
+the answers so far are always kept.
 """
 
 from __future__ import annotations
@@ -252,12 +255,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="continue from --log without redoing attempts")
     parser.add_argument("--solutions", type=Path, help="labels, to print the score at the end")
     parser.add_argument("--max-tasks", type=int, help="only the first N tasks by id (demos)")
+    parser.add_argument("--scale-schedule", action="store_true",
+                        help="scale the schedule's margins and caps to --deadline (a rehearsal in miniature)")
     args = parser.parse_args(argv)
     try:
         profile = load_profile(args.profile)
         if args.model:
             profile = replace(profile, engine=replace(profile.engine, model=args.model))
-        if args.deadline:
+        if args.deadline and args.scale_schedule:
+            profile = replace(profile, schedule=profile.schedule.scaled(args.deadline))
+        elif args.deadline:
             profile = replace(profile, schedule=replace(profile.schedule, time_limit_s=args.deadline))
         tasks = load_tasks(args.tasks, args.solutions)
         if args.max_tasks:

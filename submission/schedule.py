@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
 from submission.grids import Grid
@@ -63,6 +63,36 @@ class ScheduleConfig:
             raise ValueError("schedule: hard_stop_margin_s must not exceed stop_new_margin_s")
         if self.rate_tok_s <= 0 or self.max_in_flight < 1 or self.min_cap < 1:
             raise ValueError("schedule: rate_tok_s, max_in_flight and min_cap must be positive")
+        # A limit inside the margins would start no request at all (issue 12: a 240 s commit run under 7/15-minute
+        # margins made zero attempts): refuse it with the numbers instead.
+        needed = max(self.stop_new_margin_s, self.hard_stop_margin_s + self.cap_margin_s)
+        if self.time_limit_s <= needed:
+            raise ValueError(
+                f"schedule: time_limit_s {self.time_limit_s:g} s leaves no time to start a request: it must exceed "
+                f"stop_new_margin_s ({self.stop_new_margin_s:g} s) and hard_stop_margin_s + cap_margin_s "
+                f"({self.hard_stop_margin_s:g} + {self.cap_margin_s:g} s); for a short run scale the schedule "
+                f"(ScheduleConfig.scaled, submission.main --scale-schedule)")
+
+    def scaled(self, time_limit_s: float) -> ScheduleConfig:
+        """This schedule in miniature for a shorter time limit (the commit run's rehearsal): every margin and minimum
+        time left, and the level caps, `min_cap` and the promotion threshold, multiplied by time_limit_s /
+        self.time_limit_s, so each level fits the short run as it fits the full one and every input the engine
+        reaches in time gets a first attempt. `cap_margin_tokens` stays: it keeps time for the answer and program,
+        which are as long in a short run. Prompt lengths and engine start-up do not scale either: a rehearsal is a
+        miniature, not a forecast."""
+        f = time_limit_s / self.time_limit_s
+
+        def tokens(n: int) -> int:
+            return max(1, round(n * f))
+
+        return replace(
+            self, time_limit_s=time_limit_s, hard_stop_margin_s=self.hard_stop_margin_s * f,
+            stop_new_margin_s=self.stop_new_margin_s * f, cap_margin_s=self.cap_margin_s * f,
+            min_cap=tokens(self.min_cap), cap_first_single=tokens(self.cap_first_single),
+            cap_first_multi=tokens(self.cap_first_multi), cap_second=tokens(self.cap_second),
+            repair_caps=tuple(tokens(c) for c in self.repair_caps), cap_extra=tokens(self.cap_extra),
+            promote_below_thinking=tokens(self.promote_below_thinking),
+            repair_min_left_s=self.repair_min_left_s * f, extra_min_left_s=self.extra_min_left_s * f)
 
     @property
     def hard_stop(self) -> float:

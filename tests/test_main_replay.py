@@ -155,3 +155,16 @@ def test_watchdog_ends_a_run_whose_engine_blocks_everything(setup, arc_data, tmp
     assert done.returncode == 0 and "watchdog" in done.stderr
     submission = json.loads((tmp_path / "submission.json").read_text())
     assert sum(len(v) for v in submission.values()) == sum(len(t.test_inputs) for t in tasks)
+
+
+def test_a_deadline_inside_the_margins_is_refused_unless_the_schedule_is_scaled(arc_data, tmp_path, capsys):
+    """Issue 12: `--deadline 240` under the MoE profile's 7/15-minute margins made zero attempts; now it is refused
+    with the numbers, and `--scale-schedule` is the way to a short run."""
+    from submission.main import main
+
+    args = ["--tasks", str(arc_data / "arc-agi-2" / "evaluation"), "--max-tasks", "1", "--profile", "moe-4xL4",
+            "--model", str(tmp_path / "absent"), "--out", str(tmp_path / "submission.json"), "--deadline", "240"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "time_limit_s 240 s" in err and "(900 s)" in err and "--scale-schedule" in err
+    assert not (tmp_path / "submission.json").exists()

@@ -1,7 +1,9 @@
 """The offline bundle boots with the network cut: a tiny bundle (CPU target, tiny model) installs into a fresh virtual
-environment from its own wheels only and answers three ARC-AGI-2 evaluation tasks; a bundle missing a wheel fails
-with a message naming it and still leaves a complete [[0]] answer file. Needs the engine environment and the CPU
-target's wheels (fetched into ~/.cache/arc-kit/wheels on first use: about 500 MB)."""
+environment from its own wheels only, passes the preflight and runs the commit run's rehearsal on three ARC-AGI-2
+evaluation tasks (an attempt per task, written and scored) while submission.json stays the complete [[0]] file of the
+test set; a bundle missing a wheel fails with a message naming it and still leaves a complete [[0]] answer file.
+Needs the engine environment and the CPU target's wheels (fetched into ~/.cache/arc-kit/wheels on first use: about
+500 MB)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ import pytest
 pytest.importorskip("torch", reason="the tiny model needs the engine environment")
 
 from build.bundle import bundle, verify  # noqa: E402
-from build.notebook import notebook  # noqa: E402
 from build.tiny import make_checkpoint  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,11 +35,16 @@ def offline(tmp_path_factory, arc_data):
     root = tmp_path_factory.mktemp("offline")
     model = make_checkpoint(root / "model", "qwen3", seed=0)
     made = bundle("cpu-tiny", model, root / "bundle", target="cpu-py311")
-    challenges = {}
-    for file in sorted((arc_data / "arc-agi-2" / "evaluation").glob("*.json"))[:3]:
+    challenges, solutions = {}, {}
+    for file in sorted((arc_data / "arc-agi-2" / "evaluation").glob("*.json"), key=lambda f: f.stat().st_size)[:3]:
         task = json.loads(file.read_text())
         challenges[file.stem] = {"train": task["train"], "test": [{"input": p["input"]} for p in task["test"]]}
-    (root / "challenges.json").write_text(json.dumps(challenges))
+        solutions[file.stem] = [p["output"] for p in task["test"]]
+    data = root / "input" / "arc-prize"  # /kaggle/input as the commit run sees it
+    data.mkdir(parents=True)
+    (data / "arc-agi_test_challenges.json").write_text(json.dumps(challenges))
+    (data / "arc-agi_evaluation_challenges.json").write_text(json.dumps(challenges))
+    (data / "arc-agi_evaluation_solutions.json").write_text(json.dumps(solutions))
     (root / "guard").mkdir()
     (root / "guard" / "sitecustomize.py").write_text(GUARD)
     return root, made, challenges
@@ -52,14 +58,14 @@ def boot(root: Path, bundle_dir: Path, name: str) -> subprocess.CompletedProcess
     env.update(PYTHONPATH=str(root / "guard"), HTTP_PROXY="http://127.0.0.1:9", HTTPS_PROXY="http://127.0.0.1:9",
                PIP_CONFIG_FILE=os.devnull)
     command = [str(venv / "bin" / "python"), str(bundle_dir / "kit" / "submission" / "boot.py"), "--bundle",
-               str(bundle_dir), "--tasks", str(root / "challenges.json"), "--out-dir", str(root / f"out-{name}"),
-               "--dry-run-tasks", "3", "--dry-run-deadline", "150"]
+               str(bundle_dir), "--input", str(root / "input"), "--out-dir", str(root / f"out-{name}"),
+               "--rehearsal-tasks", "3", "--rehearsal-deadline", "600"]
     if shutil.which("unshare") and subprocess.run(["unshare", "-n", "true"]).returncode == 0:
         command = ["unshare", "-n", *command]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=1500)
 
 
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(1800)
 def test_bundle_boots_offline_and_answers(offline):
     root, made, challenges = offline
     assert verify(made) == []
@@ -68,10 +74,17 @@ def test_bundle_boots_offline_and_answers(offline):
     assert manifest["model"]["patches"]["end_of_turn_rows_zeroed"]
     result = boot(root, made, "ok")
     assert result.returncode == 0, result.stderr[-3000:]
-    answer = json.loads((root / "out-ok" / "submission.json").read_text())
+    assert "preflight: ok" in result.stdout and "rehearsal ok: every one of 3 tasks" in result.stdout
+    assert "score: task-weighted" in result.stdout  # the rehearsal is scored against the evaluation solutions
+    answer = json.loads((root / "out-ok" / "submission.json").read_text())  # the commit run's answer file: [[0]]
     assert {k: len(v) for k, v in answer.items()} == {k: len(v["test"]) for k, v in challenges.items()}
-    attempts = (root / "out-ok" / "attempts.jsonl").read_text().splitlines()
-    assert attempts and all(json.loads(line)["grid"] is not None for line in attempts)
+    attempts = [json.loads(line) for line in
+                (root / "out-ok" / "rehearsal" / "attempts.jsonl").read_text().splitlines()]
+    assert {a["task_id"] for a in attempts if not a["aborted"]} == set(challenges)
+    assert all(a["grid"] is not None for a in attempts)
+    rehearsed = json.loads((root / "out-ok" / "rehearsal" / "submission.json").read_text())
+    assert sorted(rehearsed) == sorted(challenges) and all(rehearsed[a["task_id"]][a["test_index"]]["attempt_1"]
+                                                           != [[0]] for a in attempts)
 
 
 @pytest.mark.timeout(600)
@@ -88,6 +101,3 @@ def test_a_missing_wheel_fails_clearly_and_keeps_a_complete_answer_file(offline)
     assert {k: len(v) for k, v in answer.items()} == {k: len(v["test"]) for k, v in challenges.items()}
     assert all(slot == {"attempt_1": [[0]], "attempt_2": [[0]]} for slots in answer.values() for slot in slots)
 
-
-def test_committed_notebook_is_the_generated_one():
-    assert json.loads((REPO / "kaggle" / "notebook.ipynb").read_text()) == notebook()

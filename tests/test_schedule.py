@@ -224,3 +224,47 @@ def drain_all(scheduler: Scheduler) -> list[Request]:
         out.append(request)
         scheduler.on_finished(4.0, outcome(request, thinking=50_000))
     return out
+
+
+def test_a_time_limit_inside_the_margins_is_refused_with_the_numbers():
+    with pytest.raises(ValueError, match=r"time_limit_s 240 s .*stop_new_margin_s \(900 s\).*\(420 \+ 240 s\)"):
+        replace(ScheduleConfig(), time_limit_s=240)
+    with pytest.raises(ValueError, match=r"time_limit_s 600 s"):  # beyond the stop margin, inside hard stop + cap
+        ScheduleConfig(time_limit_s=600, hard_stop_margin_s=420, stop_new_margin_s=500, cap_margin_s=240)
+    assert ScheduleConfig(time_limit_s=901).stop_new == 1.0
+
+
+def test_a_profile_with_a_limit_inside_its_margins_is_refused_naming_the_file(tmp_path):
+    from submission.config import ProfileError, load_profile
+
+    path = tmp_path / "short.toml"
+    path.write_text("[schedule]\ntime_limit_s = 600.0\n")  # the MoE margins: 7 and 15 minutes
+    with pytest.raises(ProfileError, match=r"short.toml.schedule: schedule: time_limit_s 600 s .*\(900 s\)"):
+        load_profile(path)
+
+
+@pytest.mark.parametrize("limit", [900.0, 1800.0])
+def test_a_scaled_schedule_is_the_full_one_in_miniature(limit):
+    """The commit run's rehearsal (issue 12): the MoE schedule scaled to a short limit makes a first attempt for every
+    input, even when the engine takes a third of the limit to start, and each (thinking at the schedule's rate, then
+    cap_margin_tokens of answer) fits before the hard stop; margins and level caps shrink in proportion."""
+    full = ScheduleConfig()
+    small = full.scaled(limit)
+    f = limit / full.time_limit_s
+    assert (small.time_limit_s, small.hard_stop, small.stop_new) == pytest.approx(
+        (limit, full.hard_stop * f, full.stop_new * f))
+    assert (small.repair_min_left_s, small.extra_min_left_s, small.cap_margin_s) == pytest.approx(
+        (full.repair_min_left_s * f, full.extra_min_left_s * f, full.cap_margin_s * f))
+    assert small.min_cap == round(full.min_cap * f) and small.repair_caps == tuple(round(c * f) for c in
+                                                                                    full.repair_caps)
+    assert (small.cap_first_single, small.cap_second) == (round(96_000 * f), round(48_000 * f))
+    assert small.cap_margin_tokens == full.cap_margin_tokens  # the answer is as long in a short run
+    inputs = [InputInfo(f"t{i}", j, 3_000 + 100 * i, 2 if i == 2 else 1) for i in range(3) for j in
+              range(2 if i == 2 else 1)]
+    scheduler = Scheduler(small, inputs)
+    started = limit / 3
+    requests = drain(scheduler, started)
+    assert sorted((r.key, r.level) for r in requests) == sorted((i.key, Level.FIRST) for i in inputs)
+    assert all(small.min_cap <= r.cap and started + (r.cap + small.cap_margin_tokens) / small.rate_tok_s
+               < small.hard_stop for r in requests)
+    assert drain(Scheduler(replace(full, time_limit_s=full.stop_new_margin_s + 1), inputs), 0.0) == []  # unscaled

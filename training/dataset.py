@@ -1,5 +1,7 @@
 """Training rows: the inference prompt's own token ids, then the completion, with the prompt masked.
 
+    python -m training.dataset --traces traces.jsonl --tasks DIR --model DIR --out rows.jsonl [--profile NAME]
+
 Each row is `input_ids` = prompt ids exactly as the solver sent them (submission.prompt.render) + completion ids
 (thinking, `</think>`, grid, cue, program, end of turn), and `labels` = -100 over the prompt, the completion ids
 after it (what TRL calls a completion mask). Pre-tokenised rows built from the inference prompt's ids are the only
@@ -96,7 +98,7 @@ def read_rows(path: str | Path) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """python -m training.dataset --traces traces.jsonl --tasks DIR --model DIR --out rows.jsonl [--profile NAME]"""
+    """Build rows.jsonl from sampled traces (the traces' prompts re-rendered and checked, then masked)."""
     import argparse
 
     from transformers import AutoTokenizer
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     from submission.config import load_profile
     from submission.tasks import load_tasks
 
-    parser = argparse.ArgumentParser(prog="python -m training.dataset", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m training.dataset", description=__doc__.split("\n\n")[0])
     parser.add_argument("--traces", required=True, type=Path)
     parser.add_argument("--tasks", required=True, type=Path)
     parser.add_argument("--model", required=True, type=Path)

@@ -1,0 +1,213 @@
+"""Preflight: before the model loads, check the machine and the bundle against the run profile, in one report.
+
+    python -m submission.preflight --bundle DIR [--work DIR]
+
+A run that cannot work should stop in seconds with the reason, not an hour in (issue 12). `checks(profile, facts)`
+is pure: it compares facts about the machine (GPUs and their memory, the NVIDIA driver, free disk) and the bundle (the
+model's config.json, its size, the manifest) with what the profile asks for. `gather(bundle, work)` collects those
+facts (nvidia-smi, the file system) and is the only part that does I/O, so tests fake the facts. boot.py runs this
+module after the wheels are installed and before the solver: exit status 1 means refused, and the report says why.
+
+The memory check is an estimate (weights split evenly over tensor x pipeline ranks, plus the profile's KV cache,
+against vLLM's default 90% of each GPU's memory); activations and CUDA graphs are not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from submission.config import Profile, ProfileError, load_profile
+
+GIB = 2**30
+# CUDA 13 wheels (the kaggle-gpu locks: nvidia-cuda-runtime 13.x) need an R580 driver or newer (CUDA 13.0's minor-
+# version compatibility floor; the 13.0 toolkit itself shipped with 580.65.06).
+MIN_DRIVER = {13: 580, 12: 525}
+GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of each GPU
+DISK_MARGIN = 1 * GIB  # besides the reassembled files: logs, the answer file, pip's caches
+EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
+MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What preflight knows of the machine and the bundle; `gather` reads them, tests make them up."""
+
+    gpus: tuple[Gpu, ...]
+    driver: str | None  # NVIDIA driver version ("580.82.07"); None: no nvidia-smi
+    free_disk_bytes: int  # in the working folder, where split files are reassembled
+    split_bytes: int  # bytes of the bundle's split files (to be reassembled)
+    model_bytes: int  # the model folder's safetensors files
+    model_config: dict | None  # the model folder's config.json; None: missing or unreadable
+    manifest: dict  # the bundle's manifest.json (target, lock, profile, model provenance)
+    bundle_profile: str  # the profile kit/bundle.json names
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def cuda_major(lock: str) -> int | None:
+    """The CUDA major version the locked wheels link (nvidia-cuda-runtime), None for a CPU-only lock."""
+    found = re.search(r"^nvidia-cuda-runtime(?:-cu\d+)?==(\d+)\.", lock, re.MULTILINE)
+    return int(found.group(1)) if found else None
+
+
+def gpus_needed(profile: Profile, cuda: int | None) -> int:
+    """GPUs the profile's engine uses on this bundle's target: none for a CPU-only lock."""
+    if cuda is None:
+        return 0
+    e = profile.engine
+    return e.tensor_parallel_size * e.pipeline_parallel_size if e.kind == "vllm" else 1
+
+
+def _config_value(config: dict, keys: tuple[str, ...]) -> int | None:
+    for where in (config, config.get("text_config") or {}):
+        for key in keys:
+            if isinstance(where.get(key), int):
+                return where[key]
+    return None
+
+
+def checks(profile: Profile, facts: Facts) -> list[Check]:
+    """Every check, passed or not, in report order. Pure."""
+    out = []
+    cuda = cuda_major(facts.manifest.get("lock", ""))
+    needed = gpus_needed(profile, cuda)
+    found = len(facts.gpus)
+    names = ", ".join(sorted({g.name for g in facts.gpus})) or "none"
+    out.append(Check("GPUs", found >= needed, f"{found} found ({names}), the profile {profile.name} needs {needed}"
+                     + ("" if cuda else " (CPU-only wheels)")))
+    if needed:
+        ranks = needed if profile.engine.kind == "vllm" else 1
+        per_gpu = facts.model_bytes / ranks + profile.engine.kv_cache_memory_bytes
+        usable = min((g.memory_bytes for g in facts.gpus), default=0) * GPU_MEMORY_UTILIZATION
+        out.append(Check("GPU memory", per_gpu <= usable,
+                         f"about {per_gpu / GIB:.1f} GiB per GPU (weights {facts.model_bytes / GIB:.1f} GiB over "
+                         f"{ranks}, KV cache {profile.engine.kv_cache_memory_bytes / GIB:.1f} GiB) of "
+                         f"{usable / GIB:.1f} GiB usable (estimate)"))
+        floor = MIN_DRIVER.get(cuda)
+        major = int(facts.driver.split(".")[0]) if facts.driver and facts.driver.split(".")[0].isdigit() else None
+        out.append(Check("NVIDIA driver", major is not None and (floor is None or major >= floor),
+                         f"{facts.driver or 'not found (no nvidia-smi)'}; the CUDA {cuda} wheels need "
+                         f"{floor or '?'} or newer"))
+    need_disk = facts.split_bytes + DISK_MARGIN
+    out.append(Check("disk", facts.free_disk_bytes >= need_disk,
+                     f"{facts.free_disk_bytes / GIB:.1f} GiB free, {need_disk / GIB:.1f} GiB needed (split files "
+                     f"{facts.split_bytes / GIB:.1f} GiB + {DISK_MARGIN / GIB:.0f} GiB)"))
+    out += _model_checks(profile, facts)
+    named = facts.manifest.get("profile")
+    out.append(Check("bundle", named == facts.bundle_profile == profile.name,
+                     f"manifest profile {named}, kit/bundle.json {facts.bundle_profile}, running {profile.name}; "
+                     f"target {facts.manifest.get('target', '?')}, kit commit "
+                     f"{str(facts.manifest.get('kit_commit', '?'))[:12]}"))
+    return out
+
+
+def _model_checks(profile: Profile, facts: Facts) -> list[Check]:
+    config = facts.model_config
+    if config is None:
+        return [Check("model config", False, "model/config.json is missing or not JSON")]
+    architectures = config.get("architectures") or []
+    experts = _config_value(config, EXPERT_KEYS)
+    out = [Check("model architecture", bool(architectures),
+                 f"{', '.join(architectures) or 'none in config.json'}"
+                 + (f", {experts} experts per layer" if experts else ", dense"))]
+    if profile.engine.enable_expert_parallel:
+        out.append(Check("expert parallelism", experts is not None,
+                         "the profile shards experts; the model " + ("has them" if experts else "has none")))
+    pruning = (facts.manifest.get("model") or {}).get("pruning")
+    if pruning:
+        kept = pruning.get("experts_per_layer")
+        out.append(Check("expert count", experts == kept,
+                         f"config.json says {experts}, the pruning record {kept} ({pruning.get('list_name')})"))
+    quantised = "quantization_config" in config
+    wanted = bool(profile.build.recipe) or bool((facts.manifest.get("model") or {}).get("quantization"))
+    scheme = (config.get("quantization_config") or {}).get("quant_method", "")
+    out.append(Check("quantisation", quantised or not wanted,
+                     f"config.json: {scheme or 'none'}; the profile's recipe: {profile.build.recipe or 'none'}"))
+    if profile.engine.mtp_speculative_tokens:
+        layers = _config_value(config, MTP_KEYS)
+        out.append(Check("MTP layer", bool(layers),
+                         f"{profile.engine.mtp_speculative_tokens} draft tokens asked; config.json has "
+                         f"{layers or 'no'} MTP layer(s)"))
+    return out
+
+
+def report(results: list[Check]) -> str:
+    lines = [f"  {'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}" for c in results]
+    verdict = "preflight: ok" if all(c.ok for c in results) else "preflight: REFUSED, the run cannot work here"
+    return "\n".join([verdict, *lines])
+
+
+NVIDIA_SMI = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"]
+
+
+def parse_nvidia_smi(text: str) -> tuple[tuple[Gpu, ...], str | None]:
+    """GPUs and the driver version from NVIDIA_SMI's output ("NVIDIA L4, 23034, 580.82.07" per GPU, MiB). Pure."""
+    rows = [[part.strip() for part in line.split(",")] for line in text.splitlines() if line.strip()]
+    rows = [r for r in rows if len(r) == 3 and r[1].isdigit()]
+    return tuple(Gpu(r[0], int(r[1]) * 2**20) for r in rows), (rows[0][2] if rows else None)
+
+
+def _nvidia_smi() -> tuple[tuple[Gpu, ...], str | None]:
+    try:
+        result = subprocess.run(NVIDIA_SMI, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return (), None
+    return parse_nvidia_smi(result.stdout)
+
+
+def gather(bundle: Path, work: Path) -> Facts:
+    """The facts of this machine and bundle (nvidia-smi, the file system); seconds, nothing is hashed."""
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    suffix = manifest.get("split_part_suffix", ".part")
+    files = [p for p in (bundle / "model").rglob("*") if p.is_file()]
+    try:
+        config = json.loads((bundle / "model" / "config.json").read_text())
+    except (OSError, ValueError):
+        config = None
+    gpus, driver = _nvidia_smi()
+    work.mkdir(parents=True, exist_ok=True)
+    return Facts(
+        gpus=gpus, driver=driver, free_disk_bytes=shutil.disk_usage(work).free,
+        split_bytes=sum(p.stat().st_size for p in bundle.rglob(f"*{suffix}[0-9][0-9][0-9]")),
+        model_bytes=sum(p.stat().st_size for p in files if ".safetensors" in p.name),  # split parts included
+        model_config=config, manifest=manifest,
+        bundle_profile=json.loads((bundle / "kit" / "bundle.json").read_text())["profile"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m submission.preflight", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bundle", required=True, type=Path, help="the bundle (dataset) folder")
+    parser.add_argument("--work", type=Path, default=Path("/kaggle/arc-kit-work"),
+                        help="where split files will be reassembled (its free disk is checked)")
+    args = parser.parse_args(argv)
+    try:
+        facts = gather(args.bundle, args.work)
+        profile = load_profile(facts.bundle_profile)
+    except (OSError, ValueError, KeyError, ProfileError) as err:
+        print(f"preflight: REFUSED, cannot read the bundle {args.bundle}: {err}")
+        return 1
+    results = checks(profile, facts)
+    print(report(results))
+    return 0 if all(c.ok for c in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

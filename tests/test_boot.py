@@ -1,0 +1,118 @@
+"""submission/boot.py: every wait ends before the time limit, and the commit run's rehearsal (the bundle's profile on
+a few public evaluation tasks, the schedule scaled to a short deadline) makes, writes and scores an attempt per task,
+or fails loudly. The rehearsal runs the real solver on the CPU target: the tiny random-weight Qwen3 and the hf
+engine (engine environment)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from submission import boot
+from submission.config import load_profile, profile_to_toml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("elapsed", [0.0, 600.0, 6 * 3600.0, boot.TIME_LIMIT_S - 400, boot.TIME_LIMIT_S - 61])
+def test_every_wait_ends_before_the_time_limit(elapsed):
+    """Issue 12: boot waited `deadline + 60` for the solver, past the limit. Now every step it waits for (install,
+    preflight, the solver, the rehearsal) ends END_MARGIN_S before the limit, and the solver's own deadline (its
+    watchdog) comes before boot's timeout."""
+    started = 1_000_000.0
+    now, end = started + elapsed, started + boot.TIME_LIMIT_S - boot.END_MARGIN_S
+    for cap in (300.0, 3600.0, 1e9):
+        assert now + boot.step_timeout(started, now, cap) <= end
+    for rehearsal in (None, 1800.0):
+        deadline, timeout = boot.solver_deadline(started, now, rehearsal)
+        assert now + timeout <= end
+        assert deadline <= 0 or now + deadline < now + timeout  # the solver's watchdog fires first
+        assert rehearsal is None or deadline <= rehearsal
+
+
+def test_rehearsal_problems_name_the_tasks_without_a_finished_attempt():
+    line = lambda task, aborted=False: json.dumps({"task_id": task, "aborted": aborted})  # noqa: E731
+    assert boot.rehearsal_problems(["a", "b"], [line("a"), line("b"), line("b", True)]) == []
+    assert boot.rehearsal_problems(["a", "b"], [line("a"), line("b", True)]) == ["no attempt finished on task b"]
+    assert boot.rehearsal_problems(["a", "b"], [line("a", True)]) == ["no attempt finished on any of the 2 "
+                                                                      "rehearsal tasks"]
+    assert boot.rehearsal_problems(["a"], []) == ["no attempt finished on any of the 1 rehearsal tasks"]
+
+
+def test_an_answer_file_is_complete_only_with_every_task_and_input(tmp_path):
+    fallback = {"a": [{}], "b": [{}, {}]}
+    answer = tmp_path / "submission.json"
+    assert not boot.complete(answer, fallback)  # missing
+    for broken in ("{", "[1, 2]", '{"a": [1], "b": 3}', '{"a": [1], "b": [1]}'):
+        answer.write_text(broken)
+        assert not boot.complete(answer, fallback), broken
+    answer.write_text('{"a": [1], "b": [1, 2]}')
+    assert boot.complete(answer, fallback)
+
+
+@pytest.fixture(scope="module")
+def kaggle_input(tmp_path_factory, arc_data):
+    """/kaggle/input as the commit run sees it: the public evaluation challenges and solutions (the five smallest real
+    tasks: short prompts for the CPU), and a bundle whose kit is this repository (the rehearsal runs kit/'s solver)."""
+    root = tmp_path_factory.mktemp("kaggle")
+    files = sorted((arc_data / "arc-agi-2" / "evaluation").glob("*.json"), key=lambda f: f.stat().st_size)[:5]
+    tasks = {f.stem: json.loads(f.read_text()) for f in files}
+    data = root / "input" / "arc-prize-2026"
+    data.mkdir(parents=True)
+    (data / "arc-agi_evaluation_challenges.json").write_text(json.dumps(
+        {t: {"train": v["train"], "test": [{"input": p["input"]} for p in v["test"]]} for t, v in tasks.items()}))
+    (data / "arc-agi_evaluation_solutions.json").write_text(json.dumps(
+        {t: [p["output"] for p in v["test"]] for t, v in tasks.items()}))
+    (root / "bundle").mkdir()
+    (root / "bundle" / "kit").symlink_to(REPO)
+    return root, sorted(tasks)
+
+
+def rehearsal_args(root: Path, name: str, tasks: int, deadline: float) -> argparse.Namespace:
+    return argparse.Namespace(input=root / "input", bundle=root / "bundle", out_dir=root / name,
+                              started=time.time(), rehearsal_tasks=tasks, rehearsal_deadline=deadline)
+
+
+@pytest.mark.timeout(900)
+def test_the_rehearsal_makes_writes_and_scores_an_attempt_per_task(kaggle_input, tmp_path, capfd):
+    pytest.importorskip("torch", reason="the tiny model needs the engine environment")
+    from build.tiny import make_checkpoint
+
+    root, ids = kaggle_input
+    model = make_checkpoint(tmp_path / "tiny", "qwen3", seed=0)
+    # cpu-tiny with first attempts only (the later levels' caps under min_cap), so the run ends when they do: random
+    # weights write grids of up to 1,830 tokens and the hf engine decodes in static batches, so on a shared 2-core
+    # machine (load 12) one batch took up to 400 s and cpu-tiny's full schedule would fill the whole deadline.
+    tiny = load_profile("cpu-tiny")
+    firsts = replace(tiny, schedule=replace(tiny.schedule, cap_second=1, cap_extra=1, repair_caps=(1, 1)))
+    (tmp_path / "firsts.toml").write_text(profile_to_toml(firsts))
+    args = rehearsal_args(root, "out-ok", tasks=2, deadline=600.0)
+    args.out_dir.mkdir()
+    # cpu-tiny's schedule (300 s, 20/40 s margins) scaled to 600 s, as the commit run scales moe-4xL4's 12 h to 30 min
+    assert boot.rehearse(args, str(tmp_path / "firsts.toml"), model, dict(os.environ, **boot.OFFLINE)) == 0
+    out = capfd.readouterr().out
+    assert "rehearsal ok: every one of 2 tasks" in out and "score: task-weighted" in out
+    records = [json.loads(line) for line in (args.out_dir / "rehearsal" / "attempts.jsonl").read_text().splitlines()]
+    assert {r["task_id"] for r in records if not r["aborted"]} == set(ids[:2])
+    answers = json.loads((args.out_dir / "rehearsal" / "submission.json").read_text())
+    assert sorted(answers) == ids[:2]
+    made = {r["task_id"] for r in records if r["grid"] is not None}
+    assert made and all(answers[t][0]["attempt_1"] != [[0]] for t in made)  # written, not overwritten with [[0]]
+
+
+def test_the_rehearsal_fails_loudly_when_the_engine_does_not_start(kaggle_input, tmp_path):
+    root, _ = kaggle_input
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    args = rehearsal_args(root, "out-broken", tasks=2, deadline=60.0)
+    args.out_dir.mkdir()
+    with pytest.raises(boot.BootError, match="the solver exited with status [1-9].*did the engine start.*no attempt "
+                                             "finished on any of the 2 rehearsal tasks"):
+        boot.rehearse(args, "cpu-tiny", broken, dict(os.environ, **boot.OFFLINE))

@@ -1,0 +1,130 @@
+"""Preflight (submission/preflight.py): the pure checks on faked machines (device list, driver, disk, model config)
+against the shipped profiles and the committed locks, and the command on a bundle folder on this machine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from submission.config import load_profile
+from submission.preflight import GIB, Facts, Gpu, checks, cuda_major, gather, parse_nvidia_smi, report
+
+REPO = Path(__file__).resolve().parents[1]
+GPU_LOCK = (REPO / "offline_wheels" / "locks" / "kaggle-gpu-py311.txt").read_text()
+CPU_LOCK = (REPO / "offline_wheels" / "locks" / "cpu-py311.txt").read_text()
+L4 = Gpu("NVIDIA L4", 23034 * 2**20)  # nvidia-smi's memory.total of an L4, in MiB
+MOE_CONFIG = {"architectures": ["Qwen3NextForCausalLM"], "num_experts": 288, "mtp_num_hidden_layers": 1,
+              "quantization_config": {"quant_method": "compressed-tensors"}}
+
+
+def kaggle_moe(**changes) -> Facts:
+    """The moe-4xL4 bundle on a Kaggle box as it should be: four L4s, an R580 driver, a pruned, quantised model."""
+    facts = Facts(gpus=(L4,) * 4, driver="580.82.07", free_disk_bytes=80 * GIB, split_bytes=0,
+                  model_bytes=40 * GIB, model_config=MOE_CONFIG,
+                  manifest={"lock": GPU_LOCK, "profile": "moe-4xL4", "target": "kaggle-gpu-py311",
+                            "kit_commit": "0123456789abcdef",
+                            "model": {"pruning": {"experts_per_layer": 288, "list_name": "c8"},
+                                      "quantization": {"recipe": "build/recipes/moe-4xL4.toml"}}},
+                  bundle_profile="moe-4xL4")
+    return replace(facts, **changes)
+
+
+def failed(profile_name: str, facts: Facts) -> dict[str, str]:
+    return {c.name: c.detail for c in checks(load_profile(profile_name), facts) if not c.ok}
+
+
+def test_the_locks_name_their_cuda():
+    assert cuda_major(GPU_LOCK) == 13 and cuda_major(CPU_LOCK) is None
+
+
+def test_nvidia_smi_output_is_read():
+    text = "NVIDIA L4, 23034, 580.82.07\nNVIDIA L4, 23034, 580.82.07\n"
+    assert parse_nvidia_smi(text) == ((L4, L4), "580.82.07")
+    assert parse_nvidia_smi("") == ((), None)
+    failed_smi = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+    assert parse_nvidia_smi(failed_smi) == ((), None)
+
+
+def test_a_sound_kaggle_box_passes_every_check():
+    results = checks(load_profile("moe-4xL4"), kaggle_moe())
+    assert [c.name for c in results if not c.ok] == []
+    assert {"GPUs", "GPU memory", "NVIDIA driver", "disk", "expert count", "quantisation", "MTP layer",
+            "bundle"} <= {c.name for c in results}
+    assert report(results).startswith("preflight: ok")
+
+
+@pytest.mark.parametrize("profile", ["moe-4xL4", "dense-27b-4xL4"])
+def test_more_gpus_asked_than_found_is_refused(profile):
+    facts = kaggle_moe(gpus=(L4, L4), manifest={**kaggle_moe().manifest, "profile": profile},
+                       bundle_profile=profile)
+    problems = failed(profile, facts)
+    assert "2 found (NVIDIA L4), the profile " + profile + " needs 4" in problems["GPUs"]
+    assert "REFUSED" in report(checks(load_profile(profile), facts))
+    assert failed(profile, replace(facts, gpus=())).keys() >= {"GPUs", "GPU memory"}
+
+
+def test_the_driver_disk_and_memory_are_measured_against_the_bundle():
+    assert "the CUDA 13 wheels need 580" in failed("moe-4xL4", kaggle_moe(driver="550.54.15"))["NVIDIA driver"]
+    assert "not found" in failed("moe-4xL4", kaggle_moe(driver=None))["NVIDIA driver"]
+    low_disk = failed("moe-4xL4", kaggle_moe(split_bytes=30 * GIB, free_disk_bytes=20 * GIB))
+    assert "20.0 GiB free, 31.0 GiB needed" in low_disk["disk"]
+    assert "of 20.2 GiB usable" in failed("moe-4xL4", kaggle_moe(model_bytes=90 * GIB))["GPU memory"]
+
+
+def test_the_model_config_is_checked_against_the_profile():
+    unpruned = failed("moe-4xL4", kaggle_moe(model_config={**MOE_CONFIG, "num_experts": 512}))
+    assert "config.json says 512, the pruning record 288" in unpruned["expert count"]
+    plain = {k: v for k, v in MOE_CONFIG.items() if k != "quantization_config"}
+    assert "recipe: build/recipes/moe-4xL4.toml" in failed("moe-4xL4", kaggle_moe(model_config=plain))["quantisation"]
+    no_mtp = {k: v for k, v in MOE_CONFIG.items() if k != "mtp_num_hidden_layers"}
+    assert "2 draft tokens asked" in failed("moe-4xL4", kaggle_moe(model_config=no_mtp))["MTP layer"]
+    dense = {"architectures": ["Qwen3ForCausalLM"], "quantization_config": {"quant_method": "compressed-tensors"}}
+    assert "has none" in failed("moe-4xL4", kaggle_moe(model_config=dense))["expert parallelism"]
+    assert failed("moe-4xL4", kaggle_moe(model_config=None)) == {"model config": "model/config.json is missing "
+                                                                                 "or not JSON"}
+    other = kaggle_moe(bundle_profile="dense-27b-4xL4")
+    assert "kit/bundle.json dense-27b-4xL4" in failed("moe-4xL4", other)["bundle"]
+
+
+def test_a_cpu_bundle_needs_no_gpu():
+    facts = Facts(gpus=(), driver=None, free_disk_bytes=10 * GIB, split_bytes=0, model_bytes=GIB // 100,
+                  model_config={"architectures": ["Qwen3ForCausalLM"]},
+                  manifest={"lock": CPU_LOCK, "profile": "cpu-tiny", "model": {}}, bundle_profile="cpu-tiny")
+    results = checks(load_profile("cpu-tiny"), facts)
+    assert all(c.ok for c in results) and "CPU-only wheels" in results[0].detail
+
+
+def fake_bundle(root: Path, profile: str, lock: str, config: dict) -> Path:
+    """The parts of a bundle that preflight reads, with the model's weights split in two parts."""
+    (root / "kit").mkdir(parents=True)
+    (root / "model").mkdir()
+    (root / "kit" / "bundle.json").write_text(json.dumps({"profile": profile}))
+    (root / "model" / "config.json").write_text(json.dumps(config))
+    for number in range(2):
+        (root / "model" / f"model.safetensors.part{number:03d}").write_bytes(b"\0" * 1000)
+    (root / "manifest.json").write_text(json.dumps({"lock": lock, "profile": profile, "target": "t", "model": {},
+                                                    "split_part_suffix": ".part"}))
+    return root
+
+
+def test_gather_reads_the_bundle(tmp_path):
+    bundle = fake_bundle(tmp_path / "b", "cpu-tiny", CPU_LOCK, {"architectures": ["Qwen3ForCausalLM"]})
+    facts = gather(bundle, tmp_path / "work")
+    assert (facts.split_bytes, facts.model_bytes, facts.bundle_profile) == (2000, 2000, "cpu-tiny")
+    assert facts.model_config == {"architectures": ["Qwen3ForCausalLM"]} and facts.free_disk_bytes > 0
+
+
+def test_the_command_refuses_a_four_gpu_profile_on_this_machine(tmp_path):
+    """End to end on this machine (no GPU here; one on a lent GPU box): the MoE profile needs four."""
+    ok = fake_bundle(tmp_path / "cpu", "cpu-tiny", CPU_LOCK, {"architectures": ["Qwen3ForCausalLM"]})
+    moe = fake_bundle(tmp_path / "moe", "moe-4xL4", GPU_LOCK, MOE_CONFIG)
+    command = [sys.executable, "-m", "submission.preflight", "--work", str(tmp_path / "work"), "--bundle"]
+    passed = subprocess.run(command + [str(ok)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert passed.returncode == 0 and passed.stdout.startswith("preflight: ok"), passed.stdout + passed.stderr
+    refused = subprocess.run(command + [str(moe)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1 and "FAIL GPUs" in refused.stdout and "needs 4" in refused.stdout
