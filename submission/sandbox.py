@@ -146,6 +146,11 @@ class Sandbox:
         self._proc: subprocess.Popen | None = None
         self._start()
 
+    @property
+    def server_pid(self) -> int | None:
+        """The server's process id (None between a death and the next check)."""
+        return self._proc.pid if self._proc is not None else None
+
     def _start(self) -> None:
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                    NUMEXPR_NUM_THREADS="1", ARC_SANDBOX_SECCOMP="1" if self.seccomp else "0")
