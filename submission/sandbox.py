@@ -28,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Callable
 
 from submission.grids import Grid, to_grid, to_json
 from submission.tasks import Task, load_tasks
@@ -274,6 +275,18 @@ class Sandbox:
         self.close()
 
 
+def exit_quietly_on_closed_pipe(main: Callable[[], int]) -> int:
+    """Run a command whose reader may stop early (`| head`): a closed stdout ends it quietly, not with a
+    BrokenPipeError traceback."""
+    try:
+        code = main()
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit must not fail again
+        return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m submission.sandbox", description=__doc__.split("\n\n")[0])
     parser.add_argument("--program", required=True, type=Path, help="a Python file defining transform(grid)")
@@ -291,7 +304,13 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         print(f"error: {args.program}: {err}", file=sys.stderr)
         return 2
-    with Sandbox(SandboxLimits(args.cpu_s, args.memory_mb, args.wall_s)) as box:
+    try:
+        limits = SandboxLimits(args.cpu_s, args.memory_mb, args.wall_s,
+                               backstop_s=max(SandboxLimits.backstop_s, 4 * args.wall_s))
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    with Sandbox(limits) as box:
         result = box.check(program, tasks.tasks[0])
         report = json.dumps({"task": tasks.tasks[0].id, "layers": box.layers, **result.to_json()}, indent=1)
         print(re.sub(r"\[\s+([\d,\s]+?)\s+\]", lambda m: "[" + "".join(m.group(1).split()).replace(",", ", ") + "]", report))
@@ -299,4 +318,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_quietly_on_closed_pipe(main))
