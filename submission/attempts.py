@@ -72,19 +72,33 @@ class AttemptRecord:
 
 
 class AttemptLog:
-    """Append-only JSONL of attempt records, fsynced after every line."""
+    """Append-only JSONL of attempt records, fsynced after every line. A line that cannot be written whole (a full
+    disk) is taken back, so the log never holds a torn line before a whole one; the error is raised."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view):]
 
     def append(self, record: AttemptRecord) -> None:
-        self._file.write(json.dumps(record.to_json(), separators=(",", ":")) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        data = (json.dumps(record.to_json(), separators=(",", ":")) + "\n").encode()
+        size = os.fstat(self._fd).st_size
+        try:
+            self._write(data)
+            os.fsync(self._fd)
+        except OSError:
+            try:
+                os.ftruncate(self._fd, size)
+            except OSError:
+                pass  # the torn tail stays; --resume cuts it
+            raise
 
     def close(self) -> None:
-        self._file.close()
+        os.close(self._fd)
 
 
 def read_log(path: str | Path) -> list[AttemptRecord]:

@@ -126,7 +126,13 @@ class Run:
                scheduled: bool = False) -> None:
         """A finished attempt: logged, handed to the scheduler (unless it already knows), answers updated."""
         if log is not None:
-            log.append(record)
+            try:
+                log.append(record)
+            except OSError as err:  # a full disk: the attempt still counts for this run's answers
+                if not self.stats["log writes failed"]:
+                    print(f"attempt log {log.path} not written ({err}): the run goes on, but a --resume would redo "
+                          "the attempts missing from it", file=sys.stderr)
+                self.stats["log writes failed"] += 1
         if not scheduled:
             scheduler.on_finished(self.clock(), record.outcome())
         self.finished.append(record)

@@ -194,6 +194,52 @@ def test_a_full_disk_under_the_answer_file_loses_no_answer(setup, arc_data, tmp_
     assert_consistent(tmp_path, tasks)
 
 
+LOG_DISK_FULL = """
+import errno, os, sys
+import submission.attempts as attempts
+import submission.main as solver
+
+calls = {"write": 0, "fsync": 0}
+
+
+class FullDisk:  # the log's `os`: writes 3 and 4 stop half-way, the 6th fsync fails (delayed allocation)
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def write(self, fd, data):
+        calls["write"] += 1
+        if calls["write"] in (3, 4):
+            os.write(fd, bytes(data[:len(data) // 2]))
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return os.write(fd, data)
+
+    def fsync(self, fd):
+        calls["fsync"] += 1
+        if calls["fsync"] == 6:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return os.fsync(fd)
+
+
+attempts.os = FullDisk()
+sys.exit(solver.main(sys.argv[1:]))
+"""
+
+
+def test_a_full_disk_under_the_log_keeps_it_whole_and_the_run_going(setup, arc_data, tmp_path):
+    source, tasks = setup
+    args = solver_args(tmp_path, profile(tmp_path, source, 0.05), arc_data)
+    done = solve(args, LOG_DISK_FULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "attempt log" in done.stderr and "No space left on device" in done.stderr
+    assert "log writes failed: 3" in done.stdout
+    logged = read_log(tmp_path / "run.jsonl")  # whole lines only: the three half lines were taken back
+    assert (tmp_path / "run.jsonl").read_bytes().endswith(b"\n")
+    resumed = solve(args + ["--resume"])  # redoes the three unlogged attempts (and what follows from them)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert read_log(tmp_path / "run.jsonl")[:len(logged)] == logged
+    assert_consistent(tmp_path, tasks)
+
+
 CORE_DIES = """
 import os, signal, subprocess, sys
 import submission.main as solver
