@@ -183,7 +183,10 @@ class Run:
             for index in range(len(task.test_inputs)):
                 infos.append(InputInfo(task.id, index, len(render_ids(task, index, View(), "")), len(task.test_inputs)))
         scheduler = Scheduler(profile.schedule, infos)
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.on_sigterm)
+        try:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.on_sigterm)
+        except (ValueError, RuntimeError):  # not the main thread (an in-process caller): SIGTERM keeps its default
+            pass
         self.not_engine = descendants(os.getpid())  # an in-process caller's own children are never swept
         engine = make_engine(profile)
         await engine.start()
