@@ -245,7 +245,7 @@ class Sandbox:
                 why = reply.get("server_error", "").strip()[-200:] if reply else self._exit_reason()
                 self._kill()  # replaced before the next check
                 if delivered:
-                    _say(f"the server died during a check ({why}): reported as a crash, replaced before the next")
+                    _say(f"the server failed during a check ({why}): reported as a crash, replaced before the next")
                     break
             crash = {"status": "crash", "message": f"sandbox server died ({why})"}
             return [crash] * len(inputs), 0.0, time.monotonic() - started
