@@ -260,6 +260,14 @@ def _sweep_orphans(keep: int) -> int:
     return killed
 
 
+def _runnable(pid: int) -> bool:
+    """Whether `pid` is running or waiting for a CPU (state R), rather than sleeping or blocked."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "R"
+    except (OSError, IndexError):
+        return False
+
+
 def _waited_s(pid: int) -> float | None:
     """Seconds `pid` has spent runnable but waiting for a CPU (the kernel's run-queue time), or None if unknown."""
     try:
@@ -302,7 +310,9 @@ def collect(request: dict, child: Spare, start: float) -> tuple[bytes, object]:
     """Collect the child's lines under the byte cap and the deadline (from `start`), then kill its group.
 
     The deadline is `wall_s` of wall clock not spent waiting for a CPU (a sleeping or blocked program is stopped at
-    `wall_s`; a starved one is not, its CPU time is bounded by RLIMIT_CPU), and never later than `backstop_s`.
+    `wall_s`; a starved one is not, its CPU time is bounded by RLIMIT_CPU), and never later than `backstop_s`. The
+    wait is the kernel's run-queue total, plus "runnable right now" at the deadline (the total lags by the current
+    wait): approximate, measured on the child's main thread.
     Returns the reply and a function that reaps the child (called after the reply is sent when the child reported
     everything, so its exit does not delay the caller)."""
     n, limits = len(request["inputs"]), request["limits"]
@@ -312,16 +322,18 @@ def collect(request: dict, child: Spare, start: float) -> tuple[bytes, object]:
     buf, total, done, timed_out, overflow, cpu, waited = b"", 0, False, "", False, 0.0, 0.0
     while not done:
         elapsed = time.monotonic() - start
-        remaining = min(wall_s + waited - elapsed, backstop_s - elapsed)
+        remaining = wall_s + waited - elapsed
         if remaining <= 0:
-            fresh = _waited_s(child.pid)
-            if fresh is not None and elapsed < backstop_s and wall_s + fresh - elapsed > 0.01:
-                waited = fresh  # it was starved, not slow: give it back the time it waited
-                continue
-            timed_out = "backstop" if elapsed >= backstop_s else "wall"
-            waited = fresh if fresh is not None else waited
-            break
-        if not select.select([child.result_r], [], [], remaining)[0]:
+            waited = max(waited, _waited_s(child.pid) or 0.0)  # it was starved, not slow: give that time back
+            remaining = wall_s + waited - elapsed
+            if remaining <= 0 and _runnable(child.pid):
+                remaining = 0.05  # waiting for a CPU right now: the kernel adds that to its total only later
+        timeout = min(remaining, backstop_s - elapsed)
+        # with no time left this only polls: results already in the pipe win over a late deadline (a starved server)
+        if not select.select([child.result_r], [], [], max(timeout, 0.0))[0]:
+            if timeout <= 0:
+                timed_out = "backstop" if elapsed >= backstop_s else "wall"
+                break
             continue
         chunk = os.read(child.result_r, 65536)
         if not chunk:
