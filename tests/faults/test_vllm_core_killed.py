@@ -82,6 +82,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.timeout(600)  # one vLLM CPU engine start: 1-5 minutes on a busy 2-core machine
 def test_engine_core_sigkill_is_engine_dead_and_leaves_no_process(tmp_path, arc_data):
     from build.tiny import make_checkpoint
 
