@@ -132,6 +132,7 @@ train-rft: engine-env build-env
 
 bench: env build-env
 	$(PY) benchmarks/sandbox_throughput.py
+	$(PY) benchmarks/sandbox_real_programs.py
 	$(PY) benchmarks/sim_speed.py
 	$(BPY) benchmarks/prune_and_calibrate.py
 	$(BPY) benchmarks/quantize_throughput.py

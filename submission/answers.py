@@ -68,10 +68,15 @@ class AnswerFile:
         self.write()  # a complete [[0]] file exists before any work starts
 
     def update(self, task_id: str, test_index: int, attempts: AttemptPair) -> None:
+        if self.set(task_id, test_index, attempts):
+            self.write()
+
+    def set(self, task_id: str, test_index: int, attempts: AttemptPair) -> bool:
+        """Change the answers in memory only (the caller writes); whether anything changed."""
         if self.answers.get((task_id, test_index)) == attempts:
-            return
+            return False
         self.answers[(task_id, test_index)] = attempts
-        self.write()
+        return True
 
     def write(self) -> None:
         write_submission(self.path, render_submission(self.test_counts, self.answers))

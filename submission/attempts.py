@@ -2,7 +2,8 @@
 
 One record per finished attempt (SPEC section 2): which input and attempt, level, view, seed, cap, how thinking ended,
 the grid (or why none), the program and its check, times and token counts. The log is appended one line per record,
-flushed and fsynced, so a kill loses at most the line being written; a torn last line is ignored on reading.
+flushed and fsynced, so a kill loses at most the line being written; a torn last line is ignored on reading and cut
+by `repair_log` before a resumed run appends to the log (else the next record would join it and a second resume fail).
 """
 
 from __future__ import annotations
@@ -71,19 +72,33 @@ class AttemptRecord:
 
 
 class AttemptLog:
-    """Append-only JSONL of attempt records, fsynced after every line."""
+    """Append-only JSONL of attempt records, fsynced after every line. A line that cannot be written whole (a full
+    disk) is taken back, so the log never holds a torn line before a whole one; the error is raised."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view):]
 
     def append(self, record: AttemptRecord) -> None:
-        self._file.write(json.dumps(record.to_json(), separators=(",", ":")) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        data = (json.dumps(record.to_json(), separators=(",", ":")) + "\n").encode()
+        size = os.fstat(self._fd).st_size
+        try:
+            self._write(data)
+            os.fsync(self._fd)
+        except OSError:
+            try:
+                os.ftruncate(self._fd, size)
+            except OSError:
+                pass  # the torn tail stays; --resume cuts it
+            raise
 
     def close(self) -> None:
-        self._file.close()
+        os.close(self._fd)
 
 
 def read_log(path: str | Path) -> list[AttemptRecord]:
@@ -102,3 +117,34 @@ def read_log(path: str | Path) -> list[AttemptRecord]:
                 break  # a last line without its newline was cut by a kill
             raise ValueError(f"{path}:{number}: bad attempt record: {err}") from None
     return records
+
+
+def tail_repair(data: bytes) -> tuple[int, bytes]:
+    """How to make a log end on a whole line: (bytes to keep, bytes to add). A last line without its newline that
+    holds a whole record gets its newline; a torn one is cut. Pure."""
+    if not data or data.endswith(b"\n"):
+        return len(data), b""
+    cut = data.rfind(b"\n") + 1
+    try:
+        AttemptRecord.from_json(json.loads(data[cut:]))
+    except (ValueError, KeyError, TypeError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return cut, b""
+    return len(data), b"\n"
+
+
+def repair_log(path: str | Path) -> str | None:
+    """Make a log end on a whole line before a run appends to it; say what was done (None: nothing to do)."""
+    path = Path(path)
+    data = path.read_bytes()
+    keep, add = tail_repair(data)
+    if keep == len(data) and not add:
+        return None
+    with open(path, "r+b") as f:
+        f.truncate(keep)
+        f.seek(keep)
+        f.write(add)
+        f.flush()
+        os.fsync(f.fileno())
+    if add:
+        return f"{path}: its last record had no newline; completed it"
+    return f"{path}: cut a torn last line ({len(data) - keep} bytes: an attempt killed while being logged, redone)"

@@ -141,7 +141,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
 def profile_to_toml(profile: Profile) -> str:
     """The profile as TOML (for the copy in a run's output folder): every value, defaults included."""
     lines = [f'name = "{profile.name}"']
-    for section in ("engine", "prompt", "schedule", "sandbox", "build"):
+    for section in (f.name for f in dataclasses.fields(profile) if f.name != "name"):  # every section, always
         lines.append(f"\n[{section}]")
         for key, value in dataclasses.asdict(getattr(profile, section)).items():
             lines.append(f"{key} = {_toml_value(value)}")

@@ -7,11 +7,14 @@
 `--deadline` is the time limit L in seconds from now (default: the profile's schedule.time_limit_s); the schedule's
 margins count back from it, and a limit inside them is refused with the numbers. `--scale-schedule` shrinks every
 margin and cap in proportion instead (`ScheduleConfig.scaled`: the notebook's commit-run rehearsal). The answer
-file exists, complete, before the first request and is rewritten atomically after every attempt; every finished
-attempt is appended to the log (flushed and fsynced). `--resume` continues from the log: finished attempts are
-restored, never redone. A watchdog ends the process before the deadline whatever the engine does. An attempt the
-engine fails is retried once; if the engine dies it is restarted once and its running attempts go back to the queue;
-the answers so far are always kept.
+file exists, complete, before the first request and is rewritten atomically after every attempt (a failed write,
+e.g. a full disk, leaves the previous file and is retried); every finished attempt is appended to the log (flushed
+and fsynced). An existing log is refused unless `--resume`, which continues from it: a torn last line is cut,
+finished attempts are restored, never redone. A watchdog ends the process before the deadline whatever the engine
+does (it ends with `main`, so in-process callers never meet it). SIGTERM stops new work, aborts what runs and ends
+with the answers so far. An attempt the engine fails is retried once; if the engine dies, its leftover processes are
+ended (GPU memory freed), a new engine starts in fresh processes and the running attempts go back to the queue; a
+second death, or a restart that fails, ends the run with every answer kept.
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from submission.answers import AnswerFile, render_submission
-from submission.attempts import AttemptLog, AttemptRecord, read_log
+from submission.attempts import AttemptLog, AttemptRecord, read_log, repair_log
 from submission.config import Profile, ProfileError, load_profile, profile_to_toml
 from submission.engines.base import EngineDead
+from submission.processes import become_subreaper, descendants, end_processes, leftovers
 from submission.prompt import render, task_text, tool_turn
 from submission.sandbox import Sandbox
 from submission.schedule import InputInfo, Level, Scheduler
@@ -41,7 +45,6 @@ from submission.score import score
 from submission.solve import Attempts, Candidates, Renderer, ToolTurn, estimated_ids, request_id
 from submission.tasks import LoadError, TaskSet, load_tasks
 from submission.views import View
-
 
 
 def make_engine(profile: Profile):
@@ -72,16 +75,24 @@ def make_renderer(profile: Profile) -> tuple[Renderer, ToolTurn]:
             lambda text: tool_turn(tokenizer, text, profile.prompt)[1])
 
 
-def start_watchdog(time_limit_s: float, hard_stop_s: float) -> None:
+def start_watchdog(time_limit_s: float, hard_stop_s: float):
     """Exit between the hard stop and the limit even if the event loop is stuck (the answer file is always
-    current); SIGALRM's default action kills the process one second before the limit if even that fails."""
+    current); SIGALRM's default action kills the process one second before the limit if even that fails. Returns
+    the function that disarms both: a watchdog that outlived `main` would end its in-process caller (a test run)."""
     exit_at = hard_stop_s + (time_limit_s - hard_stop_s) / 2
     timer = threading.Timer(exit_at, lambda: (print("watchdog: deadline reached, exiting", file=sys.stderr),
                                               os._exit(0)))
     timer.daemon = True
     timer.start()
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    previous = signal.signal(signal.SIGALRM, signal.SIG_DFL)
     signal.alarm(max(int(time_limit_s - 1), 1))
+
+    def stop() -> None:
+        timer.cancel()
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+    return stop
 
 
 class Run:
@@ -96,6 +107,11 @@ class Run:
         # the engine's per-window throughput (tokens, running requests), for `sim calibrate`
         self.stats_path = Path(args.log).with_suffix(".stats.jsonl") if args.log else None
         self._windows_written = 0
+        self.stopping = ""  # why the run stops early ("SIGTERM"), checked by the loop
+        self.unwritten = ""  # why the last answer-file write failed (a full disk); retried at every update
+        self.failed = ""  # why the run ended early with an error (an engine that could not be restarted)
+        self.sandbox: Sandbox | None = None
+        self.not_engine: set[int] = set()  # processes that were there before the engine
 
     def flush_stats(self, engine) -> None:
         if self.stats_path is None:
@@ -113,23 +129,54 @@ class Run:
                scheduled: bool = False) -> None:
         """A finished attempt: logged, handed to the scheduler (unless it already knows), answers updated."""
         if log is not None:
-            log.append(record)
+            try:
+                log.append(record)
+            except OSError as err:  # a full disk: the attempt still counts for this run's answers
+                if not self.stats["log writes failed"]:
+                    print(f"attempt log {log.path} not written ({err}): the run goes on, but a --resume would redo "
+                          "the attempts missing from it", file=sys.stderr)
+                self.stats["log writes failed"] += 1
         if not scheduled:
             scheduler.on_finished(self.clock(), record.outcome())
         self.finished.append(record)
-        for key in self.candidates.add_record(record):
-            self.answers.update(key[0], key[1], self.candidates.answers(key))
+        self.update_answers(self.candidates.add_record(record))
+
+    def update_answers(self, keys) -> None:
+        """Answers of the changed inputs into the answer file. A failed write (a full disk) leaves the previous file,
+        which is valid, and is retried at the next update and at the end; the run goes on."""
+        changed = [self.answers.set(key[0], key[1], self.candidates.answers(key)) for key in keys]
+        if not any(changed) and not self.unwritten:
+            return
+        try:
+            self.answers.write()
+        except OSError as err:
+            if not self.unwritten:
+                print(f"answer file {self.answers.path} not written ({err}): the previous version stands; "
+                      "retrying at every update", file=sys.stderr)
+            self.unwritten = str(err)
+            self.stats["answer-file writes failed"] += 1
+            return
+        if self.unwritten:
+            print(f"answer file {self.answers.path} written again (after: {self.unwritten})", file=sys.stderr)
+            self.unwritten = ""
 
     def restore(self, scheduler: Scheduler, attempts: Attempts) -> None:
+        repaired = repair_log(self.args.log)  # before appending: a torn line would swallow the next record
+        if repaired:
+            print(f"attempt log: {repaired}", file=sys.stderr)
         for record in read_log(self.args.log):
             if record.task_id not in self.by_id:
                 continue
             scheduler.restore(record.outcome())
             attempts.note_program(record)
             self.finished.append(record)
-            for key in self.candidates.add_record(record):
-                self.answers.update(key[0], key[1], self.candidates.answers(key))
+            self.update_answers(self.candidates.add_record(record))
         self.stats["restored"] = len(self.finished)
+
+    def on_sigterm(self) -> None:
+        print("SIGTERM: no new attempts; aborting the running ones and ending with the answers so far",
+              file=sys.stderr, flush=True)
+        self.stopping = "SIGTERM"
 
     async def go(self) -> None:
         profile = self.profile
@@ -139,9 +186,15 @@ class Run:
             for index in range(len(task.test_inputs)):
                 infos.append(InputInfo(task.id, index, len(render_ids(task, index, View(), "")), len(task.test_inputs)))
         scheduler = Scheduler(profile.schedule, infos)
+        try:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.on_sigterm)
+        except (ValueError, RuntimeError):  # not the main thread (an in-process caller): SIGTERM keeps its default
+            pass
+        self.not_engine = descendants(os.getpid())  # an in-process caller's own children are never swept
         engine = make_engine(profile)
         await engine.start()
         with Sandbox(profile.sandbox) as sandbox:
+            self.sandbox = sandbox
             attempts = Attempts(profile, self.by_id, engine, sandbox, render_ids, self.clock, tool_turn_ids)
             if self.args.resume and self.args.log and Path(self.args.log).exists():
                 self.restore(scheduler, attempts)
@@ -151,7 +204,38 @@ class Run:
             finally:
                 if log is not None:
                     log.close()
-                await attempts.engine.close()
+                await self.close_engine(attempts.engine)
+                if self.unwritten:
+                    self.update_answers(())  # one more try at the end
+
+    async def close_engine(self, engine) -> None:
+        try:
+            await engine.close()
+        except Exception as err:  # noqa: BLE001 - a dead engine may fail to close
+            print(f"closing the engine: {type(err).__name__}: {err}", file=sys.stderr)
+
+    async def restart_engine(self, attempts: Attempts) -> bool:
+        """Close the dead engine, end every process it left (its GPU memory is free once they have exited), start a
+        new one. False, with the reason printed, when the new one does not start."""
+        self.flush_stats(attempts.engine)
+        await self.close_engine(attempts.engine)
+        spare = self.not_engine | ({self.sandbox.server_pid} if self.sandbox and self.sandbox.server_pid else set())
+        left = leftovers(os.getpid(), spare)
+        if left:
+            killed = end_processes(left)
+            print(f"the dead engine left {len(left)} processes: ended ({killed} needed SIGKILL)", file=sys.stderr)
+        try:
+            engine = make_engine(self.profile)
+            self._windows_written = 0
+            await engine.start()
+        except Exception as err:  # noqa: BLE001 - whatever failed, the answers so far are kept
+            self.failed = f"the engine could not be restarted ({type(err).__name__}: {err})"
+            print(f"{self.failed}: stopping with the answers so far (every finished attempt is in the answer file "
+                  "and the log)", file=sys.stderr)
+            end_processes(leftovers(os.getpid(), spare))  # a half-started engine's processes
+            return False
+        attempts.engine = engine
+        return True
 
     async def loop(self, scheduler: Scheduler, attempts: Attempts, log: AttemptLog | None, n_inputs: int) -> None:
         hard_stop = scheduler.config.hard_stop
@@ -160,13 +244,13 @@ class Run:
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, transient=False) as progress:
             bar = progress.add_task("inputs answered", total=n_inputs)
-            while self.clock() < hard_stop:
+            while self.clock() < hard_stop and not self.stopping:
                 while (request := scheduler.next(self.clock())) is not None:
                     running[asyncio.create_task(attempts.run(request))] = request
                 if not running:
                     break
-                done, _ = await asyncio.wait(running, timeout=max(hard_stop - self.clock(), 0),
-                                             return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(running, timeout=min(max(hard_stop - self.clock(), 0), 1.0),
+                                             return_when=asyncio.FIRST_COMPLETED)  # wakes up for SIGTERM
                 dead = False
                 for task in done:
                     request = running.pop(task)
@@ -192,30 +276,24 @@ class Run:
                         print("the engine died again after its restart: stopping with the answers so far",
                               file=sys.stderr)
                         break
-                    print("the engine died: restarting it once; its running attempts go back to the queue",
-                          file=sys.stderr)
+                    print("the engine died: restarting it once in new processes; its running attempts go back to "
+                          "the queue", file=sys.stderr)
                     restarted = True
                     self.stats["engine restarts"] += 1
                     for task, request in running.items():
                         task.cancel()
                         scheduler.on_failed(self.clock(), request)
                     running.clear()
-                    self.flush_stats(attempts.engine)
-                    try:
-                        await attempts.engine.close()
-                    except Exception as err:  # noqa: BLE001 - a dead engine may fail to close
-                        print(f"closing the dead engine: {type(err).__name__}: {err}", file=sys.stderr)
-                    attempts.engine = make_engine(self.profile)
-                    self._windows_written = 0
-                    await attempts.engine.start()
+                    if not await self.restart_engine(attempts):
+                        break
                 self.flush_stats(attempts.engine)
                 answered = sum(1 for key in self.candidates.by_input if self.candidates.by_input[key])
                 progress.update(bar, completed=answered, description=(
                     f"inputs answered | attempts {len(self.finished)} | in flight {len(running)}"))
-            for task, request in running.items():  # the hard stop: abort what still runs
+            for task, request in running.items():  # the hard stop (or SIGTERM): abort what still runs
                 await attempts.engine.abort(request_id(request))
                 task.cancel()
-            self.stats["aborted at the hard stop"] = len(running)
+            self.stats[f"aborted at {self.stopping or 'the hard stop'}"] = len(running)
             scheduler.abort_all()
         self.stats["skipped (cap too small)"] = len(scheduler.skipped)
 
@@ -244,7 +322,8 @@ class Run:
         return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, watchdog: bool = True) -> int:
+    """`watchdog=False` for in-process callers that bound the run themselves; otherwise it is disarmed on return."""
     parser = argparse.ArgumentParser(prog="python -m submission.main", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", required=True, type=Path, help="task directory, task file or Kaggle challenges")
     parser.add_argument("--out", required=True, type=Path, help="the answer file (submission.json)")
@@ -276,19 +355,30 @@ def main(argv: list[str] | None = None) -> int:
     if not profile.engine.model:
         print(f"error: profile {profile.name}: engine.model is empty; pass --model DIR", file=sys.stderr)
         return 2
+    if args.log and args.log.exists() and args.log.stat().st_size and not args.resume:
+        print(f"error: --log {args.log} already holds attempts of an earlier run: pass --resume to continue it, or "
+              "choose another --log (a new run never appends to an old log)", file=sys.stderr)
+        return 2
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
         os.environ.setdefault(name, "1")  # the competition box has no network: never wait on a hub
-    start_watchdog(profile.schedule.time_limit_s, profile.schedule.hard_stop)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    (args.out.parent / "profile.toml").write_text(profile_to_toml(profile))
-    for error in tasks.errors:
-        print(f"skipped (answered [[0]]): {error}", file=sys.stderr)
-    run = Run(args, profile, tasks)
+    stop_watchdog = start_watchdog(profile.schedule.time_limit_s, profile.schedule.hard_stop) if watchdog else None
+    become_subreaper()  # a dead engine's orphaned workers come back to us, to be ended before a restart
     try:
-        asyncio.run(run.go())
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        (args.out.parent / "profile.toml").write_text(profile_to_toml(profile))
+        for error in tasks.errors:
+            print(f"skipped (answered [[0]]): {error}", file=sys.stderr)
+        run = Run(args, profile, tasks)
+        try:
+            asyncio.run(run.go())
+        finally:
+            print(run.summary())
     finally:
-        print(run.summary())
-    return 0
+        if stop_watchdog:
+            stop_watchdog()
+    if run.failed:
+        return 1
+    return 143 if run.stopping == "SIGTERM" else 0
 
 
 if __name__ == "__main__":

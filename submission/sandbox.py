@@ -7,8 +7,10 @@ timeout, crash), `train_perfect` and the test outputs. What the isolation covers
 `submission/sandbox_server.py`; `Sandbox.layers` says which layers are active on this machine.
 
 `Sandbox` keeps one warm server process (numpy imported, BLAS threads 1) that forks a child per check; it is
-thread-safe (one check at a time per instance: make several for parallel checks) and restarts its server if the server
-dies, reporting that check as a crash. Judging (`judge`) is pure.
+thread-safe (one check at a time per instance: make several for parallel checks). A server that died between checks
+(OOM killer, a signal) is replaced before the next check, which then runs normally; one that dies during a check is
+replaced too, and that check reports a crash. No check raises for a dead or unstartable server. The server lives as
+long as the owning process (not the thread that created it) and leaves no folder behind. Judging (`judge`) is pure.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Callable
 
 from submission.grids import Grid, to_grid, to_json
 from submission.tasks import Task, load_tasks
@@ -35,16 +38,20 @@ SERVER = Path(__file__).with_name("sandbox_server.py")
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Per-check limits. CPU covers the whole check (all pairs); the wall clock must exceed it (sleeping programs)."""
+    """Per-check limits. CPU time is the budget and covers the whole check (all pairs). The wall clock stops programs
+    that sleep or block: it must exceed the CPU budget and it does not count time spent waiting for a CPU, so an honest
+    program on a busy machine is not cut short; `backstop_s` bounds a check's wall time however starved it is."""
 
     cpu_s: int = 10
     memory_mb: int = 1024
-    wall_s: float = 15.0
+    wall_s: float = 15.0  # wall clock less time waiting for a CPU (/proc/PID/schedstat)
     max_result_bytes: int = 1 << 20  # the child's JSON lines; 30x30 grids need ~2 KB each
+    backstop_s: float = 60.0  # plain wall clock, whatever the contention
 
     def __post_init__(self) -> None:
-        if self.cpu_s < 1 or self.memory_mb < 64 or self.wall_s <= self.cpu_s:
-            raise ValueError(f"sandbox limits: need cpu_s >= 1, memory_mb >= 64, wall_s > cpu_s; got {self}")
+        if self.cpu_s < 1 or self.memory_mb < 64 or self.wall_s <= self.cpu_s or self.backstop_s < self.wall_s:
+            raise ValueError("sandbox limits: need cpu_s >= 1, memory_mb >= 64, wall_s > cpu_s, backstop_s >= wall_s;"
+                             f" got {self}")
 
 
 class Status(str, Enum):
@@ -115,6 +122,18 @@ class SandboxError(RuntimeError):
     """The server could not be started at all."""
 
 
+def _say(message: str) -> None:
+    print(f"sandbox: {message}", file=sys.stderr, flush=True)
+
+
+def _exit_text(returncode: int | None) -> str:
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        return f"killed by {signal.Signals(-returncode).name}"
+    return f"exited with code {returncode}"
+
+
 class Sandbox:
     """A warm sandbox server; use as a context manager or call close()."""
 
@@ -127,6 +146,11 @@ class Sandbox:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._start()
+
+    @property
+    def server_pid(self) -> int | None:
+        """The server's process id (None between a death and the next check)."""
+        return self._proc.pid if self._proc is not None else None
 
     def _start(self) -> None:
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
@@ -150,41 +174,81 @@ class Sandbox:
         return json.loads(line) if line else None
 
     def _kill(self) -> None:
-        if self._proc is None:
+        """Kill and reap the server; never raises (its pipes may already be broken)."""
+        proc, self._proc = self._proc, None
+        if proc is None:
             return
         try:
-            os.killpg(self._proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)
         except OSError:
             pass
-        self._proc.wait()
-        for stream in (self._proc.stdin, self._proc.stdout):
-            if stream:
-                stream.close()
-        self._proc = None
+        proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            try:
+                if stream:
+                    stream.close()
+            except OSError:
+                pass  # BrokenPipeError flushing into a dead server
+
+    def _ensure_server(self) -> str | None:
+        """A live server for the next check: a dead one (killed between checks) is replaced. None, or why not."""
+        if self._proc is not None and self._proc.poll() is not None:
+            _say(f"the server (pid {self._proc.pid}) died between checks ({_exit_text(self._proc.returncode)}): "
+                 "starting a new one")
+            self._kill()
+        if self._proc is None:
+            try:
+                self._start()
+            except (SandboxError, OSError) as err:
+                return f"sandbox server could not be restarted: {err}"
+            self.restarts += 1
+        return None
+
+    def _exchange(self, data: bytes) -> tuple[dict | None, bool]:
+        """Send one request and read its reply: (reply or None, whether the request was delivered)."""
+        assert self._proc is not None and self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(data)
+            self._proc.stdin.flush()
+        except OSError:  # BrokenPipeError: it died before reading the request
+            return None, False
+        try:
+            return self._read_line(self.limits.backstop_s + 10), True
+        except (json.JSONDecodeError, OSError):
+            return None, True
+
+    def _exit_reason(self) -> str:
+        """Why the server stopped answering: its exit, once it is reaped (its pipe closes just before)."""
+        assert self._proc is not None
+        try:
+            return _exit_text(self._proc.wait(timeout=1))
+        except subprocess.TimeoutExpired:
+            return "no reply"
 
     def run(self, program: str, inputs: list[Grid]) -> tuple[list[dict], float, float]:
-        """The raw per-input records for a program on some grids, with CPU and wall seconds."""
+        """The raw per-input records for a program on some grids, with CPU and wall seconds. Never raises for the
+        server's death: a check it could not run reports every input as a crash."""
         request = {"program": program, "inputs": inputs,  # json writes the grids' tuples as lists
                    "limits": {"cpu_s": self.limits.cpu_s, "memory_bytes": self.limits.memory_mb << 20,
-                              "wall_s": self.limits.wall_s, "max_result_bytes": self.limits.max_result_bytes}}
+                              "wall_s": self.limits.wall_s, "backstop_s": self.limits.backstop_s,
+                              "max_result_bytes": self.limits.max_result_bytes}}
+        data = json.dumps(request).encode() + b"\n"
         with self._lock:
-            if self._proc is None:
-                self._start()
-                self.restarts += 1
-            assert self._proc is not None and self._proc.stdin is not None
             started = time.monotonic()
-            try:
-                self._proc.stdin.write(json.dumps(request).encode() + b"\n")
-                self._proc.stdin.flush()
-                reply = self._read_line(self.limits.wall_s + 10)
-            except (BrokenPipeError, json.JSONDecodeError, OSError):
-                reply = None
-            if reply is None or "outputs" not in reply:
-                why = reply.get("server_error", "") if reply else "no reply"
-                self._kill()  # restarted on the next check
-                crash = {"status": "crash", "message": f"sandbox server died ({why.strip()[-200:]})"}
-                return [crash] * len(inputs), 0.0, time.monotonic() - started
-            return reply["outputs"], reply["cpu_s"], reply["wall_s"]
+            for _ in range(2):  # a request the server never received is sent once more to a new server
+                why = self._ensure_server()
+                if why is not None:
+                    break
+                reply, delivered = self._exchange(data)
+                if reply is not None and "outputs" in reply:
+                    return reply["outputs"], reply["cpu_s"], reply["wall_s"]
+                why = reply.get("server_error", "").strip()[-200:] if reply else self._exit_reason()
+                self._kill()  # replaced before the next check
+                if delivered:
+                    _say(f"the server failed during a check ({why}): reported as a crash, replaced before the next")
+                    break
+            crash = {"status": "crash", "message": f"sandbox server died ({why})"}
+            return [crash] * len(inputs), 0.0, time.monotonic() - started
 
     def check(self, program: str, task: Task) -> CheckResult:
         """Run `program` on every demonstration input and every test input of `task`, judged against its outputs."""
@@ -194,6 +258,7 @@ class Sandbox:
         return judge(raw, tuple(p.output for p in task.train), labels, cpu, wall)
 
     def close(self) -> None:
+        """End the server: its stdin closes, it discards its spare child and exits. Never raises."""
         with self._lock:
             if self._proc is not None and self._proc.stdin is not None:
                 try:
@@ -208,6 +273,18 @@ class Sandbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def exit_quietly_on_closed_pipe(main: Callable[[], int]) -> int:
+    """Run a command whose reader may stop early (`| head`): a closed stdout ends it quietly, not with a
+    BrokenPipeError traceback."""
+    try:
+        code = main()
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit must not fail again
+        return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,7 +304,13 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         print(f"error: {args.program}: {err}", file=sys.stderr)
         return 2
-    with Sandbox(SandboxLimits(args.cpu_s, args.memory_mb, args.wall_s)) as box:
+    try:
+        limits = SandboxLimits(args.cpu_s, args.memory_mb, args.wall_s,
+                               backstop_s=max(SandboxLimits.backstop_s, 4 * args.wall_s))
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    with Sandbox(limits) as box:
         result = box.check(program, tasks.tasks[0])
         report = json.dumps({"task": tasks.tasks[0].id, "layers": box.layers, **result.to_json()}, indent=1)
         print(re.sub(r"\[\s+([\d,\s]+?)\s+\]", lambda m: "[" + "".join(m.group(1).split()).replace(",", ", ") + "]", report))
@@ -235,4 +318,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_quietly_on_closed_pipe(main))

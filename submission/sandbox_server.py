@@ -8,8 +8,12 @@ not execute anything a child sends).
 Layers, strongest last; each is reported in the hello line so callers know what is active:
 - own session + process group, killed with SIGKILL and reaped after every check (always);
 - rlimits: CPU seconds (SIGXCPU, then SIGKILL one second later), address space, file size 0, no core files, few fds;
-  PR_SET_PDEATHSIG so a child dies with the server (always);
+  PR_SET_PDEATHSIG so a child dies with the server (always; the server itself is single-threaded);
 - output: stdout/stderr go to /dev/null, results through a pipe read with a byte cap and a wall-clock deadline (always);
+  the wall clock does not count time the child spent waiting for a CPU (/proc/PID/schedstat), so a busy machine does
+  not kill honest programs; `backstop_s` bounds the whole check however starved it is;
+- working folder: a private temporary folder, deleted as soon as the server has entered it, so children start in a
+  folder where nothing can be created and no folder survives the server, however it ends (always);
 - subreaper: orphaned grandchildren are re-parented to the server and swept after each check (when prctl allows);
 - network namespace with no interfaces up, created once for the server (when the kernel lets us unshare);
 - seccomp deny-list (libseccomp via pyseccomp, compiled once, loaded per child as raw BPF): opening files for writing,
@@ -34,6 +38,7 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 # Run as a script under `python -I`: make the kit importable without trusting PYTHONPATH or the working directory.
@@ -106,9 +111,12 @@ def _prctl(option: int, arg: int) -> bool:
 
 
 def _setup_server() -> tuple[dict, object]:
-    """Create the per-server layers; return (layer report, compiled seccomp filter or None)."""
+    """Create the per-server layers; return (layer report, compiled seccomp filter or None).
+
+    No PR_SET_PDEATHSIG on the server: it fires when the client *thread* that started the server exits (a worker
+    thread of a pool), not the client process. The server ends instead when its stdin closes or its parent changes
+    (`_next_request`)."""
     layers: dict[str, object] = {"session_rlimits": True}
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # the server dies with its client
     layers["subreaper"] = _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     if _libc.unshare(_CLONE_NEWNET) == 0:
         layers["netns"] = True
@@ -119,7 +127,7 @@ def _setup_server() -> tuple[dict, object]:
     return layers, (None if isinstance(compiled, str) else compiled)
 
 
-def _child(request_fd: int, wfd: int, scratch: str, seccomp) -> None:
+def _child(request_fd: int, wfd: int, seccomp) -> None:
     """Runs in the forked child: isolate, wait for the request, run `transform` on every input, report, exit."""
     os.setsid()
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -130,7 +138,6 @@ def _child(request_fd: int, wfd: int, scratch: str, seccomp) -> None:
     os.closerange(3, keep[0])
     os.closerange(keep[0] + 1, keep[1])
     os.closerange(keep[1] + 1, 4096)
-    os.chdir(scratch)
     with os.fdopen(request_fd, "rb") as f:
         request = json.loads(f.read() or b"null")
     if request is None:
@@ -192,7 +199,7 @@ def _child(request_fd: int, wfd: int, scratch: str, seccomp) -> None:
 class Spare:
     """A child forked ahead of time, isolated and waiting for its request: the fork's cost is paid between checks."""
 
-    def __init__(self, scratch: str, seccomp):
+    def __init__(self, seccomp):
         request_r, self.request_w = os.pipe()
         self.result_r, result_w = os.pipe()
         self.pid = os.fork()
@@ -200,7 +207,7 @@ class Spare:
             try:
                 os.close(self.request_w)
                 os.close(self.result_r)
-                _child(request_r, result_w, scratch, seccomp)
+                _child(request_r, result_w, seccomp)
             finally:
                 os._exit(71)
         os.close(request_r)
@@ -253,13 +260,43 @@ def _sweep_orphans(keep: int) -> int:
     return killed
 
 
-def _classify_missing(done: bool, timed_out: bool, overflow: bool, status: int, cpu: float, limits: dict) -> dict:
-    """What to report for inputs the child gave no line for, from how the check ended."""
-    if done:
+def _runnable(pid: int) -> bool:
+    """Whether `pid` is running or waiting for a CPU (state R), rather than sleeping or blocked."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "R"
+    except (OSError, IndexError):
+        return False
+
+
+def _waited_s(pid: int) -> float | None:
+    """Seconds `pid` has spent runnable but waiting for a CPU (the kernel's run-queue time), or None if unknown."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a check's collection ended, for the inputs the child gave no line for."""
+
+    done: bool = False  # the child reported everything it would
+    timed_out: str = ""  # "wall": wall_s ran out (time waiting for a CPU not counted); "backstop": backstop_s did
+    overflow: bool = False  # the result bytes went over the cap
+    waited_s: float = 0.0  # time the child spent waiting for a CPU (not counted against wall_s)
+
+
+def _classify_missing(ending: Ending, status: int, cpu: float, limits: dict) -> dict:
+    """What to report for inputs the child gave no line for, from how the check ended. Pure."""
+    if ending.done:
         return {"status": "crash", "message": "no result for this input"}
-    if timed_out:
-        return {"status": "timeout", "message": f"wall-clock limit {limits['wall_s']} s"}
-    if overflow:
+    if ending.timed_out == "backstop":
+        return {"status": "timeout", "message": f"wall-clock backstop {limits['backstop_s']} s (starved of CPU: "
+                                                f"{ending.waited_s:.1f} s waiting for one)"}
+    if ending.timed_out:
+        starved = f" (+{ending.waited_s:.1f} s waiting for a CPU, not counted)" if ending.waited_s >= 0.1 else ""
+        return {"status": "timeout", "message": f"wall-clock limit {limits['wall_s']} s{starved}"}
+    if ending.overflow:
         return {"status": "crash", "message": f"result exceeded {limits['max_result_bytes']} bytes"}
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
@@ -272,17 +309,32 @@ def _classify_missing(done: bool, timed_out: bool, overflow: bool, status: int, 
 def collect(request: dict, child: Spare, start: float) -> tuple[bytes, object]:
     """Collect the child's lines under the byte cap and the deadline (from `start`), then kill its group.
 
+    The deadline is `wall_s` of wall clock not spent waiting for a CPU (a sleeping or blocked program is stopped at
+    `wall_s`; a starved one is not, its CPU time is bounded by RLIMIT_CPU), and never later than `backstop_s`. The
+    wait is the kernel's run-queue total, plus "runnable right now" at the deadline (the total lags by the current
+    wait): approximate, measured on the child's main thread.
     Returns the reply and a function that reaps the child (called after the reply is sent when the child reported
     everything, so its exit does not delay the caller)."""
     n, limits = len(request["inputs"]), request["limits"]
+    wall_s = limits["wall_s"]
+    backstop_s = max(limits.get("backstop_s", wall_s), wall_s)
     lines: dict[int, bytes] = {}  # forwarded to the caller as they came: parsed here only for their index
-    buf, total, done, timed_out, overflow, cpu = b"", 0, False, False, False, 0.0
-    deadline = start + limits["wall_s"]
+    buf, total, done, timed_out, overflow, cpu, waited = b"", 0, False, "", False, 0.0, 0.0
     while not done:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or not select.select([child.result_r], [], [], remaining)[0]:
-            timed_out = True
-            break
+        elapsed = time.monotonic() - start
+        remaining = wall_s + waited - elapsed
+        if remaining <= 0:
+            waited = max(waited, _waited_s(child.pid) or 0.0)  # it was starved, not slow: give that time back
+            remaining = wall_s + waited - elapsed
+            if remaining <= 0 and _runnable(child.pid):
+                remaining = 0.05  # waiting for a CPU right now: the kernel adds that to its total only later
+        timeout = min(remaining, backstop_s - elapsed)
+        # with no time left this only polls: results already in the pipe win over a late deadline (a starved server)
+        if not select.select([child.result_r], [], [], max(timeout, 0.0))[0]:
+            if timeout <= 0:
+                timed_out = "backstop" if elapsed >= backstop_s else "wall"
+                break
+            continue
         chunk = os.read(child.result_r, 65536)
         if not chunk:
             break
@@ -312,7 +364,7 @@ def collect(request: dict, child: Spare, start: float) -> tuple[bytes, object]:
     if done and len(lines) == n:
         return _reply([lines[i] for i in range(n)], wall, cpu), reap
     status, cpu = reap()
-    missing = _classify_missing(done, timed_out, overflow, status, cpu, limits)
+    missing = _classify_missing(Ending(done, timed_out, overflow, waited), status, cpu, limits)
     filler = json.dumps(dict(missing, output=None)).encode()
     return _reply([lines.get(i, filler) for i in range(n)], wall, cpu), lambda: None
 
@@ -327,20 +379,38 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
+def _next_request(parent: int) -> bytes | None:
+    """The next request line, or None when the client is gone: its end of the pipe closed, or the server was
+    re-parented (the client process died while something else still holds the pipe, e.g. a process it forked)."""
+    stdin = sys.stdin.buffer
+    while os.getppid() == parent:
+        if select.select([stdin], [], [], 1.0)[0]:
+            return stdin.readline() or None
+    return None
+
+
+def _enter_private_folder() -> None:
+    """Work in a fresh folder that no longer exists: children inherit it as their working folder, where nothing can
+    be created, and no folder is left behind however the server ends (SIGKILL, OOM killer)."""
+    scratch = tempfile.mkdtemp(prefix="arc-sandbox-")
+    os.chdir(scratch)
+    os.rmdir(scratch)
+
+
 def main() -> None:
+    parent = os.getppid()
     for name in WARM_MODULES:
         __import__(name)
     layers, seccomp = _setup_server()
+    _enter_private_folder()
     gc.freeze()  # the collector in a child would touch every inherited object and copy all their pages
-    scratch = tempfile.mkdtemp(prefix="arc-sandbox-")
-    os.chmod(scratch, 0o555)  # children start in an empty folder they cannot write to
     stdout = sys.stdout.buffer
     stdout.write(json.dumps({"ready": True, "pid": os.getpid(), "layers": layers}).encode() + b"\n")
     stdout.flush()
     sweep = seccomp is None  # with seccomp no child can fork, so there is nothing to sweep
-    spare = Spare(scratch, seccomp)
+    spare = Spare(seccomp)
     try:
-        for raw in sys.stdin.buffer:
+        while (raw := _next_request(parent)) is not None:
             child, spare = spare, None
             try:
                 request = json.loads(raw)
@@ -349,10 +419,10 @@ def main() -> None:
                     _write_all(child.request_w, raw)
                 except BrokenPipeError:  # the spare died while waiting (killed from outside): use a fresh one
                     child.discard()
-                    child = Spare(scratch, seccomp)
+                    child = Spare(seccomp)
                     _write_all(child.request_w, raw)
                 os.close(child.request_w)
-                spare = Spare(scratch, seccomp)  # forked while `child` runs (the machine has >= 2 cores)
+                spare = Spare(seccomp)  # forked while `child` runs (the machine has >= 2 cores)
                 reply, reap = collect(request, child, start)
             except Exception:  # noqa: BLE001 - report server bugs to the client instead of dying silently
                 reply, reap = json.dumps({"server_error": traceback.format_exc(limit=5)}).encode(), child.discard
@@ -363,12 +433,10 @@ def main() -> None:
             stdout.flush()
             if not sweep:
                 reap()  # after the reply: the child's exit does not delay the caller
-            spare = spare or Spare(scratch, seccomp)
+            spare = spare or Spare(seccomp)
     finally:
         if spare is not None:
             spare.discard()
-        os.chmod(scratch, 0o755)
-        os.rmdir(scratch)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,22 @@ def tree_stays_clean():
     assert after == before, f"tests changed the working tree:\n{after}"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_sandbox_folder_left(tmp_path_factory):
+    """Fail the session if a sandbox server left its temporary folder: every subprocess of the session (sandbox
+    servers included) gets a private TMPDIR, checked at the end. Private, because other runs share /tmp."""
+    private = tmp_path_factory.mktemp("tmpdir")
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(private)
+    yield
+    if before is None:
+        del os.environ["TMPDIR"]
+    else:
+        os.environ["TMPDIR"] = before
+    left = sorted(p.name for p in private.glob("arc-sandbox-*"))
+    assert not left, f"sandbox servers left their folders: {left}"
+
+
 @pytest.fixture(scope="session")
 def read_tensors():
     """All tensors of a safetensors checkpoint folder, by name (checkpoint-surgery tests compare before and after)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -62,6 +63,16 @@ def test_shipped_profiles_load_and_round_trip(name, tmp_path):
     copy = tmp_path / "copy.toml"
     copy.write_text(profile_to_toml(profile))
     assert load_profile(copy) == profile
+
+
+def test_the_copied_profile_keeps_every_section(tmp_path):
+    source = tmp_path / "agent.toml"
+    source.write_text((Path(__file__).resolve().parents[1] / "profiles" / "cpu-tiny.toml").read_text()
+                      + "\n[tool_agent]\nenabled = true\nchecks = 3\n")
+    profile = load_profile(source)
+    copy = tmp_path / "copy.toml"
+    copy.write_text(profile_to_toml(profile))
+    assert load_profile(copy).tool_agent == profile.tool_agent and profile.tool_agent.checks == 3
 
 
 def test_profile_errors_name_file_section_and_key(tmp_path):

@@ -8,7 +8,6 @@ seccomp off (the fallback on machines without libseccomp), where the accident ca
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import string
 import time
@@ -20,7 +19,9 @@ from submission.sandbox import SERVER, Sandbox, SandboxLimits, Status
 from submission.tasks import load_tasks
 
 HOSTILE = sorted((Path(__file__).parent / "hostile").glob("*.py"))
-LIMITS = SandboxLimits(cpu_s=2, memory_mb=1024, wall_s=3.0)
+# The battery asserts a hard bound on every check's wall time, so its backstop is its wall clock: time waiting for a
+# CPU is not given back here (that, and the default 60 s backstop, are tested in tests/faults/test_sandbox_faults.py).
+LIMITS = SandboxLimits(cpu_s=2, memory_mb=1024, wall_s=3.0, backstop_s=3.0)
 MARKERS = ("98765",)  # the hostile shell commands carry this number in their command lines
 
 
@@ -100,15 +101,6 @@ def test_hostile_program_is_contained(program, box, task, tmp_path):
     # the caller and the sandbox are still usable: a correct program passes right after
     after = box.check("def transform(grid):\n    return [row[::-1] for row in grid[::-1]]\n", task)
     assert after.train_perfect and after.test[0].status is Status.RIGHT
-
-
-def test_server_killed_from_outside_is_restarted(task):
-    with Sandbox(LIMITS) as box:
-        os.kill(box._proc.pid, signal.SIGKILL)
-        first = box.check("def transform(grid):\n    return grid\n", task)
-        assert {p.status for p in first.train} == {Status.CRASH} and "server died" in first.train[0].message
-        second = box.check("def transform(grid):\n    return grid[::-1]\n", task)
-        assert second.train[0].status in (Status.RIGHT, Status.WRONG) and box.restarts == 1
 
 
 def test_layers_are_reported(task):
