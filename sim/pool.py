@@ -4,8 +4,9 @@ For a request (input, attempt number, level, cap):
 1. The input's own logged attempts: the one with the same attempt number, else one of the same level, else any one
    (chosen with the run's random generator). Grids, programs and their outputs are the logged ones.
 2. An input with no logged attempt of its own (the hidden set is larger than the public one): an attempt of the same
-   level drawn from the whole pool, else any. Only its correctness travels: a right grid becomes the input's true
-   answer, a wrong one a wrong grid of its own; a train-perfect program's output likewise; no transfer.
+   level drawn from the whole pool, else any. Only its lengths and correctness travel: a right grid becomes the
+   input's true answer, a wrong one a wrong grid of its own; a train-perfect program's output likewise; no transfer.
+   Its prompt is the input's own (prompt 0 here: the run uses the length the scheduler ordered the input by).
 3. Truncation: when the logged thinking is longer than the simulated cap, the attempt becomes a forced completion of
    cap tokens. Its grid comes from one of the input's logged forced attempts if any, else it is right with probability
    `forced_accuracy` (SPEC: about 8% of forced completions are right); its program is not train-perfect.
@@ -25,7 +26,7 @@ from submission.schedule import Level, Outcome, Request
 class SimAttempt:
     thinking: int
     answer: int
-    prompt: int
+    prompt: int  # 0: the input's own prompt length (rule 2)
     natural: bool
     grid: object | None  # a Grid, or a stand-in for the true / a wrong answer of a simulated input
     train_perfect: bool
@@ -87,7 +88,7 @@ class AttemptPool:
             if record.train_perfect:
                 outputs = tuple(None for _ in range(request.test_index)) + (
                     truth if self._program_right(record) else self._wrong_grid(),)
-            attempt = SimAttempt(record.thinking_tokens, record.answer_tokens, record.prompt_tokens, record.natural,
+            attempt = SimAttempt(record.thinking_tokens, record.answer_tokens, 0, record.natural,
                                  grid, record.train_perfect, record.demos_right, outputs, "pool")
         return self._cut(attempt, request, rng)
 
