@@ -13,7 +13,8 @@ blocks are taken as it grows, never reserved for its cap. Every step, the runnin
 oldest first; when one cannot, the most recently admitted running request is preempted (recompute): its blocks are
 freed and it goes back to the front of the waiting queue keeping its generated tokens, which it re-prefills (P + g
 tokens) when it is admitted again. Waiting requests are admitted in order while fewer than `max_num_seqs` run and
-their blocks fit with `watermark` x the cache left free; not in a step that preempted. Not modelled: prefix caching
+their blocks fit with `watermark` x the cache left free (vLLM's scheduler watermark, 0 by default; not applied when
+nothing else runs); not in a step that preempted. Not modelled: prefix caching
 (the shipped profiles run without it), speculative decoding's look-ahead blocks, chunked prefill's token budget.
 
 Between two events (an admission, a completion, a preemption) the batch is fixed, so the next event is solved, not
@@ -40,7 +41,7 @@ class ServingModel:
     kv_tokens: int  # KV-cache capacity, tokens (blocks x block size)
     max_num_seqs: int
     block_size: int = 16  # tokens per KV block: vLLM's default on GPUs; the engine log's cache line says yours
-    watermark: float = 0.0  # share of the blocks an admission must leave free (vLLM v1 keeps none: 0)
+    watermark: float = 0.0  # share of the blocks an admission must leave free (vLLM: scheduler watermark, default 0)
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.kv_tokens < self.block_size or self.max_num_seqs < 1:
@@ -83,7 +84,7 @@ def load_serving(path: str | Path) -> ServingModel:
         raise ValueError(f"{path}: {err}") from None
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the engine removes jobs from its lists, and field-wise equality is slow
 class Job:
     """One request inside the simulated engine. `payload` is whatever the caller needs back at the end."""
 
@@ -136,55 +137,68 @@ class SharedEngine:
     def _blocks(self, tokens: int) -> int:
         return -(-tokens // self.model.block_size)
 
-    def _admit(self, used: int) -> int:
-        """Admit waiting requests in order while they fit; `used`: blocks the running requests need for their next
-        step. Returns it with the admitted requests' blocks added."""
+    def _used(self) -> int:
+        """Blocks the running requests need for their next step."""
+        size = self.model.block_size
+        return sum([(j.prompt + j.generated + size - 1) // size for j in self.running])
+
+    def _used_bound(self, steps: int = 0) -> float:
+        """An upper bound of the blocks needed `steps` steps from now, without a pass over the requests: each
+        request's tokens rounded up to a whole block cost at most block_size - 1 more."""
+        n, size = len(self.running), self.model.block_size
+        return (self.context + n * (steps + size - 1)) / size
+
+    def _admit(self) -> None:
+        """Admit waiting requests in order while they fit (the exact block count only when the bound is too close)."""
         if self._no_admission:
             self._no_admission = False
-            return used
-        limit = self.model.blocks - int(self.model.watermark * self.model.blocks)
+            return
+        keep = int(self.model.watermark * self.model.blocks)
+        used = None
         while self.waiting and len(self.running) < self.model.max_num_seqs:
             job = self.waiting[0]
             prefill = job.prompt + job.generated
             need = self._blocks(prefill)
-            if used + need > limit:
+            limit = self.model.blocks - (keep if self.running else 0)  # vLLM: no watermark for a lone request
+            if used is None and self._used_bound() + need > limit:
+                used = self._used()
+            if used is not None and used + need > limit:
                 break
             self.waiting.pop(0)
-            used += need
+            if used is not None:
+                used += need
             self.now += self.model.prefill_s_per_token * prefill
             self.prefilled += prefill
             self.context += prefill
             if math.isnan(job.started):
                 job.started = self.now
             self.running.append(job)
-        return used
 
-    def _steps_before_full(self, lengths: list[int], used: int) -> int:
-        """Whole steps the running requests (of `lengths` tokens, holding `used` blocks for their next step) can take
-        before one of them finds no free block."""
+    def _steps_before_full(self, used: int) -> int:
+        """Whole steps the running requests (holding `used` blocks for their next step) can take before one of them
+        finds no free block."""
         size = self.model.block_size
-        # Request i next needs a new block after (size - (L_i - 1) % size) steps, then every `size` steps: the
-        # (free + 1)-th crossing over all requests is the first step that cannot be served.
-        crossings = sorted([size - (length - 1) % size for length in lengths])
+        # Request i next needs a new block after (size - (L_i - 1) % size) steps (L_i its tokens), then every `size`
+        # steps: the (free + 1)-th crossing over all requests is the first step that cannot be served.
+        crossings = sorted([size - (j.prompt + j.generated - 1) % size for j in self.running])
         cycle, position = divmod(self.model.blocks - used, len(crossings))
         return crossings[position] + cycle * size
 
     def advance(self, now: float, limit: float) -> tuple[float, list[Job]]:
         """Run to the next completion (or to `limit`); return the time and the jobs that finished then."""
         self.now = max(self.now, now)
-        size = self.model.block_size
         while True:
-            lengths = [j.prompt + j.generated for j in self.running]
-            used = sum([(length + size - 1) // size for length in lengths])
             if self.waiting:
-                before = len(self.running)
-                used = self._admit(used)
-                lengths += [j.prompt + j.generated for j in self.running[before:]]
+                self._admit()
             if not self.running:
                 return math.inf, []
             n = len(self.running)
             to_finish = min([j.tokens - j.generated for j in self.running])
-            steps = min(to_finish, self._steps_before_full(lengths, used))
+            if self._used_bound(to_finish - 1) <= self.model.blocks:  # room to the next completion: no pass needed
+                steps, used = to_finish, math.ceil(self.context / self.model.block_size)
+            else:
+                used = self._used()
+                steps = min(to_finish, self._steps_before_full(used))
             per_step = self.model.step_time(n, self.context)
             self.timeline.append(Sample(self.now, n, n / per_step, used, len(self.waiting)))
             duration = steps * per_step + self.model.step_c * n * steps * (steps - 1) / 2
@@ -206,7 +220,7 @@ class SharedEngine:
 
     def _preempt(self) -> None:
         """The next step does not fit: preempt the newest running requests until it does (vLLM's recompute)."""
-        used = sum([self._blocks(j.prompt + j.generated) for j in self.running])
+        used = self._used()
         while used > self.model.blocks:
             job = self.running.pop()
             used -= self._blocks(job.prompt + job.generated)

@@ -32,7 +32,8 @@ def run_events(model: ServingModel, jobs: list[tuple[int, int]]) -> tuple[dict[i
 def run_steps(model: ServingModel, jobs: list[tuple[int, int]]) -> tuple[dict[int, int], int]:
     """vLLM v1's scheduler rules one step at a time (the reference the event solver must match): running requests
     take the blocks of their next token oldest first, preempting the newest when short; a step that preempted admits
-    nothing; else waiting requests are admitted in order while their blocks fit above the watermark."""
+    nothing; else waiting requests are admitted in order while their blocks fit above the watermark (none for a
+    request admitted when nothing else runs)."""
     size, blocks = model.block_size, model.blocks
     keep = int(model.watermark * blocks)
     waiting = [[i, p, t, 0] for i, (p, t) in enumerate(jobs)]  # id, prompt, tokens, generated
@@ -49,7 +50,7 @@ def run_steps(model: ServingModel, jobs: list[tuple[int, int]]) -> tuple[dict[in
             preempted, preemptions = True, preemptions + 1
         if not preempted:
             while (waiting and len(running) < model.max_num_seqs
-                   and sum(need(j) for j in running) + need(waiting[0]) <= blocks - keep):
+                   and sum(need(j) for j in running) + need(waiting[0]) <= blocks - (keep if running else 0)):
                 running.append(waiting.pop(0))
         step += 1
         for job in running:
