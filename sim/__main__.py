@@ -75,12 +75,13 @@ def scenario_of(args: argparse.Namespace):
 
 def cmd_forecast(args: argparse.Namespace) -> int:
     scenario = scenario_of(args)
+    planned = variants(scenario)  # a bad sweep fails before the logs are read
     records = [r for path in args.log for r in read_log(path)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows, document = [], None
     inputs_by_shape: dict = {}
-    for name, variant in variants(scenario):
+    for name, variant in planned:
         resolved = resolve(variant)
         shape = (variant.tasks, variant.test_inputs, variant.forced_accuracy)
         if shape not in inputs_by_shape:

@@ -58,7 +58,6 @@ class AttemptPool:
         self.by_level: dict[Level, list[AttemptRecord]] = {}
         for r in self.records:
             self.by_level.setdefault(r.level, []).append(r)
-        self._wrong = 0
 
     def _right(self, record: AttemptRecord) -> bool:
         return record.grid is not None and record.grid == self.truth.get((record.task_id, record.test_index))
@@ -68,9 +67,11 @@ class AttemptPool:
         return (record.train_perfect and record.test_index < len(out)
                 and out[record.test_index] == self.truth.get((record.task_id, record.test_index)))
 
-    def _wrong_grid(self) -> Grid:
-        self._wrong += 1
-        return (("wrong", self._wrong),)  # type: ignore[return-value] - a stand-in, only compared for equality
+    @staticmethod
+    def _wrong_grid(request: Request, kind: str) -> Grid:
+        """A wrong answer of this slot: a stand-in, only compared for equality, unique to the slot and `kind` (so no
+        two wrong answers vote together) and the same in every run (common random numbers)."""
+        return (("wrong", request.task_id, request.test_index, request.attempt, kind),)  # type: ignore[return-value]
 
     def draw(self, request: Request, rng: random.Random) -> SimAttempt:
         key = request.key
@@ -83,11 +84,11 @@ class AttemptPool:
         else:
             record = rng.choice(self.by_level.get(request.level) or self.records)
             truth = self.truth[key]
-            grid = None if record.grid is None else truth if self._right(record) else self._wrong_grid()
+            grid = None if record.grid is None else truth if self._right(record) else self._wrong_grid(request, "grid")
             outputs: tuple = ()
             if record.train_perfect:
                 outputs = tuple(None for _ in range(request.test_index)) + (
-                    truth if self._program_right(record) else self._wrong_grid(),)
+                    truth if self._program_right(record) else self._wrong_grid(request, "program"),)
             attempt = SimAttempt(record.thinking_tokens, record.answer_tokens, 0, record.natural,
                                  grid, record.train_perfect, record.demos_right, outputs, "pool")
         return self._cut(attempt, request, rng)
@@ -99,6 +100,6 @@ class AttemptPool:
         if forced:
             grid = rng.choice(forced).grid
         else:
-            grid = self.truth[request.key] if rng.random() < self.forced_accuracy else self._wrong_grid()
+            grid = self.truth[request.key] if rng.random() < self.forced_accuracy else self._wrong_grid(request, "cut")
         return SimAttempt(request.cap, attempt.answer, attempt.prompt, False, grid, False, 0, (),
                           attempt.source + "+cut")

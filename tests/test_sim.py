@@ -1,9 +1,11 @@
-"""The simulator: conservation of tokens, deadlines under the serving model, saturation, calibration, backtest."""
+"""The simulator: conservation of tokens, deadlines under the serving model, saturation, calibration, backtest, common
+random numbers and sensitivities, the scenario interface and its JSON report."""
 
 from __future__ import annotations
 
 import json
 import random
+import statistics
 import subprocess
 import sys
 from dataclasses import replace
@@ -13,10 +15,12 @@ import pytest
 
 from sim.backtest import backtest
 from sim.calibrate import fit
-from sim.example_log import make_records
-from sim.forecast import build_inputs, forecast, one_run
+from sim.example_log import LogShape, make_records, parse_bins
+from sim.forecast import build_inputs, forecast, one_run, sensitivity
 from sim.pool import AttemptPool
-from sim.serving import ServingModel
+from sim.run import LatencyEngine, simulate
+from sim.scenario import make_scenario, resolve
+from sim.serving import ServingModel, SharedEngine
 from submission.attempts import AttemptRecord
 from submission.config import load_profile
 from submission.schedule import Level, Request
@@ -142,3 +146,120 @@ def test_example_log_is_what_its_generator_makes(arc_data):
     tasks = load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks
     shipped = (REPO / "sim/data/example_attempts.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in shipped] == [r.to_json() for r in make_records(tasks, seed=0)]
+
+
+def test_each_slot_draws_the_same_attempt_whatever_the_timing(world):
+    """Common random numbers: a base run and one with a larger cache draw the same attempt for the same (input,
+    attempt) slot, though the requests start at other times and in another order."""
+    _, _, inputs, truth, pool = world
+    schedule = load_profile("moe-4xL4").schedule
+    drawn: list[dict] = [{}, {}]
+
+    def recorder(book):
+        def draw(request, rng):
+            attempt = pool.draw(request, rng)
+            book[(request.key, request.attempt, request.level, request.cap)] = attempt
+            return attempt
+        return draw
+
+    for book, kv in zip(drawn, (1_000_000, 1_300_000)):
+        simulate(schedule, inputs, recorder(book), SharedEngine(replace(MOE, kv_tokens=kv)), truth, 7)
+    common = drawn[0].keys() & drawn[1].keys()
+    starts = {key: i for i, key in enumerate(drawn[0])}, {key: i for i, key in enumerate(drawn[1])}
+    assert len(common) > 150
+    assert sum(starts[0][k] != starts[1][k] for k in common) > 50  # the order did change
+    assert all(drawn[0][k] == drawn[1][k] for k in common)
+
+
+def test_sensitivity_is_reproducible_across_seeds(world):
+    """+1% throughput and +1% KV cache, 12 pairs each, on two disjoint seed sets: the same sign and estimates within
+    their combined standard error (a cache-bound engine, so both resources matter). At +1% the cache's standard error
+    is about as large as its effect (a slightly larger cache moves admissions and so which attempts the deadline
+    cuts): hence the 5% default step."""
+    _, _, inputs, truth, pool = world
+    schedule = load_profile("moe-4xL4").schedule
+    serving = replace(MOE, kv_tokens=1_200_000)
+    first, second = (sensitivity(schedule, inputs, truth, pool, serving, pairs=12, seed=seed, step=0.01)
+                     for seed in (0, 1000))
+    for a, b in zip(first, second):
+        assert a.resource == b.resource and a.standard_error > 0
+        assert a.per_percent > 0 and b.per_percent > 0, (a, b)
+        assert abs(a.per_percent - b.per_percent) <= (a.standard_error ** 2 + b.standard_error ** 2) ** 0.5
+
+
+def test_a_made_up_input_runs_with_its_own_prompt(world):
+    _, _, inputs, truth, pool = world
+    schedule = load_profile("moe-4xL4").schedule
+    prompts = {i.key: i.prompt_tokens for i in inputs}
+    seen = []
+
+    def duration(job):
+        seen.append((job.key[:2], job.prompt))
+        return job.tokens / 8.0
+
+    simulate(schedule, inputs, pool.draw, LatencyEngine(duration), truth, 0)
+    made_up = [(key, prompt) for key, prompt in seen if key[0].startswith("made-up")]
+    assert len(made_up) > 100 and all(prompt == prompts[key] for key, prompt in made_up)
+
+
+def test_the_set_has_the_asked_number_of_tasks_and_test_inputs(arc_data):
+    tasks = load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks
+    inputs, truth = build_inputs(tasks, {}, 300, random.Random(0), test_inputs=420)
+    assert len(inputs) == len(truth) == 420 and len({i.task_id for i in inputs}) == 300
+    with pytest.raises(ValueError, match="test inputs: 2000"):
+        build_inputs(tasks, {}, 300, random.Random(0), test_inputs=2000)
+
+
+def test_throughput_is_converted_to_the_step_time_model():
+    scenario = make_scenario({}, {"profile": "moe-4xL4", "throughput_tok_s": 600.0, "throughput_running": 40,
+                                  "kv_tokens": 900_000, "schedule": (("cap_second", 30_000), ("repair_caps", "8000"))})
+    resolved = resolve(scenario)
+    assert resolved.serving.throughput(40, 30_000) == pytest.approx(600.0)
+    assert resolved.serving.kv_tokens == 900_000
+    assert resolved.schedule.cap_second == 30_000 and resolved.schedule.repair_caps == (8000,)
+    assert any("divided by" in note for note in resolved.notes)
+    with pytest.raises(ValueError, match="no field 'cap_sekond'"):
+        make_scenario({}, {"schedule": (("cap_sekond", 1),)})
+
+
+def test_example_log_options_shape_the_log(arc_data):
+    tasks = load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks
+    rare = make_records(tasks, 0, LogShape(natural_rate=0.3))
+    assert 0.22 < statistics.fmean(r.natural for r in rare) < 0.38
+    assert all(r.thinking_tokens == 96_000 for r in rare if not r.natural)
+    falling = make_records(tasks, 0, LogShape(accuracy_by_length=parse_bins("30000:2.0,96000:0.2")))
+
+    def accuracy(records, short):
+        picked = [r for r in records if r.natural and (r.thinking_tokens <= 30_000) == short]
+        return statistics.fmean(r.grid == tasks_by_id[r.task_id].test_outputs[r.test_index] for r in picked)
+
+    tasks_by_id = {t.id: t for t in tasks}
+    assert accuracy(falling, True) > accuracy(falling, False) + 0.3
+    with pytest.raises(ValueError):
+        parse_bins("9000:1,8000:1")
+
+
+def test_scenario_file_json_and_plots(arc_data, tmp_path):
+    """`make simulate`'s path with a scenario TOML: it prints the scenario, sweeps a cache size, writes JSON and PNGs."""
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text('profile = "moe-4xL4"\nkv_tokens = 1200000\nruns = 3\nsweep = "kv_tokens=600000"\n'
+                        "[schedule]\ncap_first_single = 80000\n")
+    out = subprocess.run([sys.executable, "-m", "sim", "forecast", "--log", str(REPO / "sim/data/example_attempts.jsonl"),
+                          "--tasks", str(arc_data / "arc-agi-2" / "evaluation"), "--scenario", str(scenario),
+                          "--bootstraps", "50", "--out", str(tmp_path), "--json", str(tmp_path / "r.json")],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "scenario: profile moe-4xL4" in out.stdout and "kv_tokens = 1,200,000" in out.stdout
+    assert "schedule.cap_first_single = 80000 (profile: 96000)" in out.stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["scenario"]["kv_tokens"] == 1_200_000 and report["scenario"]["schedule"]["cap_first_single"] == 80000
+    forecast_ = report["forecast"]
+    assert len(forecast_["scores"]) == 3 and {"skipped_cap_too_small", "never_started", "preemptions",
+                                              "engine_wait_s_mean"} <= forecast_.keys()
+    assert [row["variant"] for row in report["sweep"]] == ["kv_tokens=600000"]
+    assert report["sweep"][0]["engine_wait_s_mean"] > forecast_["engine_wait_s_mean"]  # half the cache: longer waits
+    for name in ("timeline.png", "distribution.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+    bad = subprocess.run([sys.executable, "-m", "sim", "forecast", "--log", "x", "--tasks", "y", "--scenario",
+                          str(scenario), "--sweep", "kv_tokenz=1"], cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode == 2 and "kv_tokenz" in bad.stderr
