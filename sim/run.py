@@ -141,8 +141,8 @@ def simulate(config: ScheduleConfig, inputs: list[InputInfo], draw: Callable[[Re
                            attempt.train_perfect, attempt.program_outputs[:task_inputs[request.task_id]])
         answered_curve.append((now, len(candidates.by_input)))
     left = engine.abort_all()
-    end = min(now, hard_stop)
-    waits += [(end if math.isnan(job.started) else job.started) - job.submitted for job in left]
+    # A request still waiting in the engine at the end was kept out by the cache until the hard stop.
+    waits += [(hard_stop if math.isnan(job.started) else job.started) - job.submitted for job in left]
     aborted = [(job.payload[0], job.generated) for job in left]
     never_started = scheduler.pending()
     scheduler.abort_all()

@@ -134,11 +134,10 @@ def _parse(name: str, text: str):
 def variants(scenario: Scenario) -> list[tuple[str, Scenario]]:
     """The base scenario and one per sweep value. `sweep` is "KEY=V1,V2" (KEY a scenario field or a schedule
     field, repair caps written 24000/16000) or a comma-separated list of profiles."""
-    out = [(scenario.profile if not scenario.sweep else "base", scenario)]
+    out = [(scenario.profile, scenario)]
     if not scenario.sweep:
         return out
     if "=" not in scenario.sweep:
-        out[0] = (scenario.profile, scenario)
         return out + [(name, replace(scenario, profile=name, serving=None)) for name in scenario.sweep.split(",")
                       if name]
     key, _, values = scenario.sweep.partition("=")

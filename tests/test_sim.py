@@ -171,20 +171,22 @@ def test_each_slot_draws_the_same_attempt_whatever_the_timing(world):
     assert all(drawn[0][k] == drawn[1][k] for k in common)
 
 
+@pytest.mark.timeout(900)  # 240 runs of a cache-bound engine: about a minute on a quiet machine
 def test_sensitivity_is_reproducible_across_seeds(world):
-    """+1% throughput and +1% KV cache, 12 pairs each, on two disjoint seed sets: the same sign and estimates within
-    their combined standard error (a cache-bound engine, so both resources matter). At +1% the cache's standard error
-    is about as large as its effect (a slightly larger cache moves admissions and so which attempts the deadline
-    cuts): hence the 5% default step."""
+    """+1% throughput and +1% KV cache, 40 pairs each, on two disjoint seed sets: the same sign and estimates within
+    two combined standard errors of each other (the 95% band of the difference of two independent estimates), on a
+    cache-bound engine so that both resources matter. At +1% a pair's difference is mostly noise (a slightly larger
+    cache moves admissions and so which attempts the deadline cuts): with 12 pairs the cache's estimate changed sign
+    between seed sets; 40 pairs are needed here, and the default step is 5%."""
     _, _, inputs, truth, pool = world
     schedule = load_profile("moe-4xL4").schedule
     serving = replace(MOE, kv_tokens=1_200_000)
-    first, second = (sensitivity(schedule, inputs, truth, pool, serving, pairs=12, seed=seed, step=0.01)
+    first, second = (sensitivity(schedule, inputs, truth, pool, serving, pairs=40, seed=seed, step=0.01)
                      for seed in (0, 1000))
     for a, b in zip(first, second):
         assert a.resource == b.resource and a.standard_error > 0
         assert a.per_percent > 0 and b.per_percent > 0, (a, b)
-        assert abs(a.per_percent - b.per_percent) <= (a.standard_error ** 2 + b.standard_error ** 2) ** 0.5
+        assert abs(a.per_percent - b.per_percent) <= 2 * (a.standard_error ** 2 + b.standard_error ** 2) ** 0.5
 
 
 def test_a_made_up_input_runs_with_its_own_prompt(world):

@@ -4,12 +4,13 @@ logger as submission/engines/vllm.py does; the same requests then replay through
 calibrated from that run (sim.calibrate on the steps), and the trajectories are compared.
 
 Tolerances (the README quotes them):
-- Running requests per step: the simulator's count equals vLLM's on at least 90% of the steps, and the mean absolute
-  difference is under 0.25 requests. Both follow the same block arithmetic; what differs is the one-token edge of a
-  block boundary (vLLM allocates a step's slot before it knows the step will finish the request) and CPU-only
-  scheduling details, which shift single steps, not the trajectory.
-- Preemptions: the simulated total is within 20% (and 3) of vLLM's, and both engines preempt; the steps at which the
-  cache fills match within the same step tolerance as completions.
+- Running requests per step (vLLM's: the requests that produced a token in the step, its generation-token count;
+  the scheduler's num_running_reqs is taken after the step's completions left): the simulator's count equals vLLM's
+  on at least 90% of the steps, and the mean absolute difference is under 0.25 requests. Both follow the same block
+  arithmetic; what differs is timing by a step: the engine-core process may run its first step before every request
+  has arrived, which shifts the later preemptions by one step (measured: equal on 93.7% of the steps).
+- Preemptions: the simulated total is within 20% (and 3) of vLLM's, and both engines preempt. Totals, not steps:
+  vLLM's per-step count reports a preemption when the preempted request next produces output, not when it happens.
 - Completion step of each request: the mean absolute difference is under 3% of the run's steps; the completion order
   correlates above 0.95 (Spearman).
 - Completion time in seconds, with the calibrated step-time model: the mean absolute error is under 10% of the run's
@@ -84,20 +85,23 @@ def run_vllm(model_dir, jobs):
                       max_num_batched_tokens=4096, kv_cache_memory_bytes=(BLOCKS + 1) * bytes_per_block,
                       disable_log_stats=False, enforce_eager=True)
     engine = LLMEngine.from_engine_args(args, stat_loggers=[StepRecorder])
-    cache = engine.vllm_config.cache_config
-    for index, (prompt, tokens) in enumerate(jobs):
-        engine.add_request(str(index), {"prompt_token_ids": prompt},
-                           SamplingParams(max_tokens=tokens, min_tokens=tokens, ignore_eos=True, temperature=0.0))
-    seconds, finished = [], {}
-    while engine.has_unfinished_requests():
-        start = time.perf_counter()
-        outputs = engine.step()
-        seconds.append(time.perf_counter() - start)
-        for out in outputs:
-            if out.finished:
-                assert len(out.outputs[0].token_ids) == jobs[int(out.request_id)][1]
-                finished[int(out.request_id)] = len(seconds)
-    return steps, seconds, finished, cache.block_size, cache.num_gpu_blocks
+    try:
+        cache = engine.vllm_config.cache_config
+        for index, (prompt, tokens) in enumerate(jobs):
+            engine.add_request(str(index), {"prompt_token_ids": prompt},
+                               SamplingParams(max_tokens=tokens, min_tokens=tokens, ignore_eos=True, temperature=0.0))
+        seconds, finished = [], {}
+        while engine.has_unfinished_requests():
+            start = time.perf_counter()
+            outputs = engine.step()
+            seconds.append(time.perf_counter() - start)
+            for out in outputs:
+                if out.finished:
+                    assert len(out.outputs[0].token_ids) == jobs[int(out.request_id)][1]
+                    finished[int(out.request_id)] = len(seconds)
+        return steps, seconds, finished, cache.block_size, cache.num_gpu_blocks
+    finally:
+        engine.engine_core.shutdown()
 
 
 def replay(model: ServingModel, jobs) -> tuple[dict[int, float], SharedEngine, list[tuple[float, int]]]:
@@ -147,6 +151,7 @@ def real_run(tmp_path_factory):
     return jobs, steps, seconds, finished, block, gpu_blocks
 
 
+@pytest.mark.timeout(900)  # the engine starts in this test's fixture: minutes on a busy CPU
 def test_the_cache_model_follows_vllm_step_by_step(real_run):
     jobs, steps, seconds, finished, block, gpu_blocks = real_run
     assert block == BLOCK and len(finished) == N_REQUESTS
@@ -154,7 +159,7 @@ def test_the_cache_model_follows_vllm_step_by_step(real_run):
     # One second per step: simulated time counts steps. vLLM's pool keeps one null block: usable = num_gpu_blocks - 1.
     model = ServingModel(1.0, 0.0, 0.0, 0.0, 0.0, (gpu_blocks - 1) * block, MAX_SEQS, block)
     sim_finished, engine, samples = replay(model, jobs)
-    real_running = [row["running"] for row in steps[:total]]
+    real_running = [row["tokens"] for row in steps[:total]]
     sim_running = per_step(samples, total)
     same = sum(a == b for a, b in zip(real_running, sim_running)) / total
     gap = sum(abs(a - b) for a, b in zip(real_running, sim_running)) / total
@@ -169,6 +174,7 @@ def test_the_cache_model_follows_vllm_step_by_step(real_run):
     assert spearman([finished[i] for i in range(N_REQUESTS)], [sim_finished[i] for i in range(N_REQUESTS)]) > 0.95
 
 
+@pytest.mark.timeout(900)
 def test_calibrated_completion_times_follow_vllm(real_run):
     jobs, steps, seconds, finished, block, gpu_blocks = real_run
     # The kit's own calibration on one window per step: tokens, running, context, prompt tokens, seconds.
