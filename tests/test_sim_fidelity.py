@@ -13,9 +13,10 @@ Tolerances (the README quotes them):
   vLLM's per-step count reports a preemption when the preempted request next produces output, not when it happens.
 - Completion step of each request: the mean absolute difference is under 3% of the run's steps; the completion order
   correlates above 0.95 (Spearman).
-- Completion time in seconds, with the calibrated step-time model: the mean absolute error is under 10% of the run's
-  duration. Wider than the step tolerance: the CPU's step times on a shared machine vary from step to step (other
-  processes), which the model's mean cannot follow.
+- Completion time in seconds, with the step-time model sim.calibrate fits to the run's own steps: the mean absolute
+  error is under 20% of the run's duration. Wider than the step tolerance because the CPU's step times on a shared
+  2-core machine vary with other processes, which a model of their mean cannot follow: measured 6.0% on a quiet
+  machine and 14.5% with a test suite running beside it. A wrong model still fails (twice the speed: ~50%).
 Needs the engine environment (make engine-env); skipped in the core-only environment.
 """
 
@@ -195,4 +196,4 @@ def test_calibrated_completion_times_follow_vllm(real_run):
     error = sum(abs(sim_finished[i] - real_times[i]) for i in range(N_REQUESTS)) / N_REQUESTS
     print(f"run {duration:.2f} s; calibrated model a={model.step_a:.4g} b={model.step_b:.4g} c={model.step_c:.4g} "
           f"p={model.prefill_s_per_token:.4g}; completion time error {error:.3f} s ({100 * error / duration:.1f}%)")
-    assert error < 0.10 * duration
+    assert error < 0.20 * duration
