@@ -109,7 +109,8 @@ def read_scenario(path: str | Path) -> dict:
 def make_scenario(from_file: dict, overrides: dict) -> Scenario:
     """File values, then command-line values that were given (not None); schedule overrides merge by field."""
     given = {k: v for k, v in overrides.items() if v is not None and k != "schedule"}
-    schedule = dict(from_file.get("schedule", ())) | {k: _schedule_value(k, v) for k, v in overrides.get("schedule", ())}
+    given_schedule = {k: _schedule_value(k, v) for k, v in overrides.get("schedule", ())}
+    schedule = dict(from_file.get("schedule", ())) | given_schedule
     merged = {k: v for k, v in from_file.items() if k != "schedule"} | given
     try:
         return Scenario(**merged, schedule=tuple(schedule.items()))

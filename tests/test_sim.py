@@ -242,11 +242,12 @@ def test_example_log_options_shape_the_log(arc_data):
 
 
 def test_scenario_file_json_and_plots(arc_data, tmp_path):
-    """`make simulate`'s path with a scenario TOML: it prints the scenario, sweeps a cache size, writes JSON and PNGs."""
+    """`make simulate`'s path with a scenario TOML: it prints the scenario, sweeps a cache size, writes JSON, PNGs."""
     scenario = tmp_path / "scenario.toml"
     scenario.write_text('profile = "moe-4xL4"\nkv_tokens = 1200000\nruns = 3\nsweep = "kv_tokens=600000"\n'
                         "[schedule]\ncap_first_single = 80000\n")
-    out = subprocess.run([sys.executable, "-m", "sim", "forecast", "--log", str(REPO / "sim/data/example_attempts.jsonl"),
+    log = str(REPO / "sim/data/example_attempts.jsonl")
+    out = subprocess.run([sys.executable, "-m", "sim", "forecast", "--log", log,
                           "--tasks", str(arc_data / "arc-agi-2" / "evaluation"), "--scenario", str(scenario),
                           "--bootstraps", "50", "--out", str(tmp_path), "--json", str(tmp_path / "r.json")],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
