@@ -16,7 +16,7 @@ Tolerances (the README quotes them):
 - Completion time in seconds, with the step-time model sim.calibrate fits to the run's own steps: the simulated run
   lasts within 15% of the real one, and the mean absolute completion-time error is under 20% of the run's duration.
   Wider than the step tolerance because the CPU's step times on a shared 2-core machine vary with other processes,
-  which a model of their mean cannot follow: measured 5% (run length) and 6.0-9.1% (completions) on a quiet machine,
+  which a model of their mean cannot follow: measured 5-6% (run length) and 3-9% (completions) on a quiet machine,
   14.5% (completions) with a test suite running beside it. On a recorded run, the same model 1.5x too fast or too
   slow gave a run length 30% and 57% off: it fails.
 Needs the engine environment (make engine-env); skipped in the core-only environment.
