@@ -134,8 +134,8 @@ def distribution_png(summary: dict, path: str | Path, title: str) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     axes[0].hist(summary["scores"], bins=min(30, max(5, len(summary["scores"]) // 2)), color="tab:blue", alpha=0.8)
     axes[0].axvline(summary["score"], color="black", label=f"mean {summary['score']:.2f}")
-    for edge in summary["runs_interval_90"]:
-        axes[0].axvline(edge, color="black", linestyle=":")
+    for number, edge in enumerate(summary["runs_interval_90"]):
+        axes[0].axvline(edge, color="black", linestyle=":", label="runs 90%" if number == 0 else None)
     low, high = summary["tasks_interval_90"]
     axes[0].axvspan(low, high, color="tab:orange", alpha=0.15, label=f"tasks 90% {low:.1f}..{high:.1f}")
     axes[0].set_xlabel("task-weighted score")
