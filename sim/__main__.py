@@ -3,8 +3,9 @@
     python -m sim forecast --log attempts.jsonl [--log more.jsonl] --tasks DIR [--solutions PATH] [--scenario FILE]
                            [--profile NAME] [--serving FILE] [--kv-tokens N] [--throughput TOK_S]
                            [--throughput-running N] [--throughput-context N] [--startup-s S] [--hidden-tasks 240]
-                           [--test-inputs N] [--cap-first-single N] [--cap-first-multi N] [--cap-second N]
-                           [--repair-caps N,N] [--cap-extra N] [--max-in-flight N] [--throughput-noise SIGMA]
+                           [--test-inputs N] [--inputs-per-task 1:0.6,2:0.3,3:0.1] [--cap-first-single N]
+                           [--cap-first-multi N] [--cap-second N] [--repair-caps N,N] [--cap-extra N]
+                           [--max-in-flight N] [--throughput-noise SIGMA]
                            [--runs 50] [--bootstraps 1000] [--seed 0] [--sensitivity] [--sensitivity-step 0.05]
                            [--sensitivity-pairs 20] [--sweep KEY=V1,V2 | --sweep P1,P2] [--out DIR] [--json PATH]
     python -m sim calibrate --stats attempts.stats.jsonl --profile NAME --kv-tokens N [--out serving.toml]
@@ -31,7 +32,7 @@ from sim.calibrate import fit, read_windows, to_toml
 from sim.forecast import build_inputs, forecast, one_run, sensitivity
 from sim.pool import AttemptPool
 from sim.report import distribution_png, report_json, summary, sweep_table, text_report, timeline_png
-from sim.scenario import SERVING_MODELS, describe, make_scenario, read_scenario, resolve, variants
+from sim.scenario import SERVING_MODELS, describe, make_scenario, parse_counts, read_scenario, resolve, variants
 from sim.serving import load_serving
 from submission.attempts import read_log
 from submission.config import ProfileError, load_profile
@@ -45,7 +46,7 @@ def _serving_for(args: argparse.Namespace, profile_name: str):
     return load_serving(path)
 
 
-def _inputs(args: argparse.Namespace, records, hidden: int, test_inputs: int | None = None):
+def _inputs(args: argparse.Namespace, records, hidden: int, test_inputs: int | None = None, per_task: tuple = ()):
     tasks = [t for t in load_tasks(args.tasks, args.solutions).tasks if t.test_outputs is not None]
     if not tasks:
         raise LoadError(f"{args.tasks}: no task with known test outputs (pass --solutions)")
@@ -54,7 +55,7 @@ def _inputs(args: argparse.Namespace, records, hidden: int, test_inputs: int | N
         if r.prompt_tokens:
             prompts.setdefault((r.task_id, r.test_index), []).append(r.prompt_tokens)
     prompt_tokens = {k: int(statistics.median(v)) for k, v in prompts.items()}
-    return build_inputs(tasks, prompt_tokens, hidden, random.Random(0), test_inputs)
+    return build_inputs(tasks, prompt_tokens, hidden, random.Random(0), test_inputs, per_task)
 
 
 def scenario_of(args: argparse.Namespace):
@@ -63,7 +64,7 @@ def scenario_of(args: argparse.Namespace):
     overrides = {"profile": args.profile, "serving": args.serving, "kv_tokens": args.kv_tokens,
                  "throughput_tok_s": args.throughput, "throughput_running": args.throughput_running,
                  "throughput_context": args.throughput_context, "startup_s": args.startup_s,
-                 "tasks": args.hidden_tasks, "test_inputs": args.test_inputs,
+                 "tasks": args.hidden_tasks, "test_inputs": args.test_inputs, "inputs_per_task": args.inputs_per_task,
                  "throughput_noise": args.throughput_noise, "runs": args.runs, "bootstraps": args.bootstraps,
                  "seed": args.seed, "sensitivity": True if args.sensitivity else None,
                  "sensitivity_step": args.sensitivity_step, "sensitivity_pairs": args.sensitivity_pairs,
@@ -83,9 +84,10 @@ def cmd_forecast(args: argparse.Namespace) -> int:
     inputs_by_shape: dict = {}
     for name, variant in planned:
         resolved = resolve(variant)
-        shape = (variant.tasks, variant.test_inputs, variant.forced_accuracy)
+        shape = (variant.tasks, variant.test_inputs, variant.inputs_per_task, variant.forced_accuracy)
         if shape not in inputs_by_shape:
-            inputs, truth = _inputs(args, records, variant.tasks, variant.test_inputs)
+            inputs, truth = _inputs(args, records, variant.tasks, variant.test_inputs,
+                                    parse_counts(variant.inputs_per_task))
             inputs_by_shape[shape] = (inputs, truth, AttemptPool(records, truth, variant.forced_accuracy))
         inputs, truth, pool = inputs_by_shape[shape]
         if document is None:
@@ -172,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--startup-s", type=float, help="engine start-up seconds")
     f.add_argument("--hidden-tasks", type=int, help="tasks in the simulated set, made up beyond the labelled (240)")
     f.add_argument("--test-inputs", type=int, help="test inputs in the simulated set")
+    f.add_argument("--inputs-per-task", help="made-up tasks' test-input counts, COUNT:WEIGHT,... (1:0.6,2:0.3,3:0.1)")
     for name in SCHEDULE_OPTIONS:
         f.add_argument(f"--{name.replace('_', '-')}", type=str if name == "repair_caps" else int,
                        help="schedule override" + (" (comma-separated)" if name == "repair_caps" else ""))

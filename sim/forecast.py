@@ -51,12 +51,14 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def build_inputs(tasks: list[Task], prompt_tokens: dict[tuple[str, int], int], hidden_tasks: int,
-                 rng: random.Random, test_inputs: int | None = None
+                 rng: random.Random, test_inputs: int | None = None,
+                 inputs_per_task: tuple[tuple[int, float], ...] = ()
                  ) -> tuple[list[InputInfo], dict[tuple[str, int], object]]:
     """The simulated task set: the labelled tasks, plus made-up tasks up to `hidden_tasks` (the hidden set is larger
-    than the public one) whose test-input counts and prompt lengths are drawn from the real ones; with `test_inputs`,
-    the made-up tasks' counts (1-4) are then adjusted one at a time until the set has that many inputs. Returns the
-    inputs and the true answer of each (a label, or a stand-in)."""
+    than the public one) whose prompt lengths are drawn from the real ones and test-input counts from the real tasks,
+    or from `inputs_per_task` ((count, weight), ...) when given; with `test_inputs`, the made-up tasks' counts (1-4)
+    are then adjusted one at a time until the set has that many inputs. Returns the inputs and the true answer of each
+    (a label, or a stand-in)."""
     inputs, truth = [], {}
     lengths = list(prompt_tokens.values()) or [4000]
     for task in tasks:
@@ -64,7 +66,11 @@ def build_inputs(tasks: list[Task], prompt_tokens: dict[tuple[str, int], int], h
             key = (task.id, index)
             inputs.append(InputInfo(task.id, index, prompt_tokens.get(key, rng.choice(lengths)), len(task.test_inputs)))
             truth[key] = label
-    counts = [len(rng.choice(tasks).test_inputs) for _ in range(max(hidden_tasks - len(tasks), 0))]
+    made_up = max(hidden_tasks - len(tasks), 0)
+    if inputs_per_task:
+        counts = rng.choices([c for c, _ in inputs_per_task], [w for _, w in inputs_per_task], k=made_up)
+    else:
+        counts = [len(rng.choice(tasks).test_inputs) for _ in range(made_up)]
     if test_inputs is not None:
         real = len(inputs)
         if not real + len(counts) <= test_inputs <= real + 4 * len(counts):

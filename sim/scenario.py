@@ -10,6 +10,7 @@ and the serving model a run uses. Pure but for reading the TOML and the profile 
     startup_s = 420.0               # engine start-up before the first token
     tasks = 240                     # tasks in the simulated set (made up beyond the labelled ones)
     test_inputs = 340               # test inputs in it (default: as the made-up tasks fall)
+    inputs_per_task = "1:0.6,2:0.3,3:0.1"   # made-up tasks' test-input counts (default: the labelled tasks')
     throughput_noise = 0.0          # sigma of a per-run speed factor exp(N(0, sigma)) (sim.forecast)
     runs = 50
     bootstraps = 1000
@@ -51,6 +52,7 @@ class Scenario:
     startup_s: float | None = None
     tasks: int = 240
     test_inputs: int | None = None
+    inputs_per_task: str | None = None
     throughput_noise: float = 0.0
     runs: int = 50
     bootstraps: int = 1000
@@ -69,6 +71,7 @@ class Scenario:
                 raise ValueError(f"scenario: {name} must not be negative, got {value}")
         if self.tasks < 1 or self.runs < 1 or self.throughput_noise < 0 or self.bootstraps < 0:
             raise ValueError("scenario: tasks and runs must be positive, throughput_noise and bootstraps >= 0")
+        parse_counts(self.inputs_per_task)
         for name, _ in self.schedule:
             if name not in SCHEDULE_FIELDS:
                 raise ValueError(f"scenario: [schedule] has no field {name!r} (known: {sorted(SCHEDULE_FIELDS)})")
@@ -76,6 +79,19 @@ class Scenario:
     def to_json(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "schedule"}
         return out | {"schedule": {k: list(v) if isinstance(v, tuple) else v for k, v in self.schedule}}
+
+
+def parse_counts(text: str | None) -> tuple[tuple[int, float], ...]:
+    """ "1:0.6,2:0.3,3:0.1" -> ((1, 0.6), (2, 0.3), (3, 0.1)): test inputs per made-up task and their weights."""
+    if not text:
+        return ()
+    try:
+        pairs = tuple((int(a), float(b)) for a, b in (item.split(":") for item in text.split(",") if item))
+    except ValueError:
+        raise ValueError(f"scenario: inputs_per_task must be COUNT:WEIGHT,..., got {text!r}") from None
+    if not pairs or any(not 1 <= c <= 4 or w < 0 for c, w in pairs) or not sum(w for _, w in pairs) > 0:
+        raise ValueError(f"scenario: inputs_per_task needs counts 1-4 and positive weights, got {text!r}")
+    return pairs
 
 
 def _schedule_value(name: str, value):

@@ -19,7 +19,7 @@ from sim.example_log import LogShape, make_records, parse_bins
 from sim.forecast import build_inputs, forecast, one_run, sensitivity
 from sim.pool import AttemptPool
 from sim.run import LatencyEngine, simulate
-from sim.scenario import make_scenario, resolve
+from sim.scenario import make_scenario, parse_counts, resolve
 from sim.serving import ServingModel, SharedEngine
 from submission.attempts import AttemptRecord
 from submission.config import load_profile
@@ -210,6 +210,14 @@ def test_the_set_has_the_asked_number_of_tasks_and_test_inputs(arc_data):
     assert len(inputs) == len(truth) == 420 and len({i.task_id for i in inputs}) == 300
     with pytest.raises(ValueError, match="test inputs: 2000"):
         build_inputs(tasks, {}, 300, random.Random(0), test_inputs=2000)
+    # Made-up tasks with the asked inputs per task: 180 of them, about 60% single-input.
+    inputs, _ = build_inputs(tasks, {}, 300, random.Random(0), inputs_per_task=parse_counts("1:0.6,3:0.4"))
+    made_up = [i for i in inputs if i.task_id.startswith("made-up")]
+    per_task = {i.task_id: i.task_inputs for i in made_up}
+    assert len(per_task) == 180 and set(per_task.values()) == {1, 3} and len(made_up) == sum(per_task.values())
+    assert 0.5 < sum(c == 1 for c in per_task.values()) / 180 < 0.7
+    with pytest.raises(ValueError, match="inputs_per_task"):
+        make_scenario({}, {"inputs_per_task": "5:1"})
 
 
 def test_throughput_is_converted_to_the_step_time_model():
