@@ -81,10 +81,12 @@ demo: env
 	    --out $(OUT)/demo/submission.json
 
 # Forecast a 12-hour hidden-set run (240 tasks) of the moe-4xL4 profile from the shipped example log (synthetic:
-# see sim/example_log.py), compare it with dense-27b-4xL4, and plot one run's timeline.
+# see sim/example_log.py), compare it with dense-27b-4xL4; prints the scenario it assumed, writes the report, its JSON,
+# the median run's timeline and the forecast's distribution.
 simulate: env
 	$(PY) -m sim forecast --log sim/data/example_attempts.jsonl --tasks $(ARC_DATA)/arc-agi-2/evaluation \
-	    --profile moe-4xL4 --hidden-tasks 240 --runs 50 --sensitivity --sweep dense-27b-4xL4 --out $(OUT)/simulate
+	    --profile moe-4xL4 --hidden-tasks 240 --runs 50 --sensitivity --sweep dense-27b-4xL4 --out $(OUT)/simulate \
+	    --json $(OUT)/simulate/forecast.json
 
 # Expert pruning end to end on a tiny Qwen3-MoE: traces from real ARC tasks through the solver's prompt renderer,
 # routing statistics, expert lists and their report, the pruned checkpoint.

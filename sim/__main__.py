@@ -1,19 +1,26 @@
 """The run simulator: forecast a 12-hour hidden-set run from logged attempts before spending one.
 
-    python -m sim forecast --log attempts.jsonl [--log more.jsonl] --tasks DIR [--solutions PATH] --profile NAME
-                           [--serving FILE] [--hidden-tasks 240] [--runs 50] [--sensitivity] [--sweep P1,P2]
-                           [--out DIR]
-    python -m sim calibrate --stats attempts.stats.jsonl --profile NAME [--out serving.toml]
+    python -m sim forecast --log attempts.jsonl [--log more.jsonl] --tasks DIR [--solutions PATH] [--scenario FILE]
+                           [--profile NAME] [--serving FILE] [--kv-tokens N] [--throughput TOK_S]
+                           [--throughput-running N] [--throughput-context N] [--startup-s S] [--hidden-tasks 240]
+                           [--test-inputs N] [--inputs-per-task 1:0.6,2:0.3,3:0.1] [--cap-first-single N]
+                           [--cap-first-multi N] [--cap-second N] [--repair-caps N,N] [--cap-extra N]
+                           [--max-in-flight N] [--throughput-noise SIGMA]
+                           [--runs 50] [--bootstraps 1000] [--seed 0] [--sensitivity] [--sensitivity-step 0.05]
+                           [--sensitivity-pairs 20] [--sweep KEY=V1,V2 | --sweep P1,P2] [--out DIR] [--json PATH]
+    python -m sim calibrate --stats attempts.stats.jsonl --profile NAME --kv-tokens N [--out serving.toml]
     python -m sim backtest LOG --tasks DIR [--solutions PATH] --profile NAME [--serving FILE]
 
 The solver's own scheduler and selection run on a simulated clock (sim/run.py) with attempts drawn from the logs
-(sim/pool.py) and a serving model of the engine (sim/serving.py; `--serving` defaults to
-sim/serving_models/PROFILE.toml). The README gives the model's formulas and the drawing rules.
+(sim/pool.py) and a serving model of the engine and its KV cache (sim/serving.py; `--serving` defaults to
+sim/serving_models/PROFILE.toml). A scenario TOML (sim/scenario.py) holds the same fields as the options; options
+given on the command line win. The README gives the model's formulas and the drawing rules.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import sys
@@ -24,13 +31,14 @@ from sim.backtest import backtest
 from sim.calibrate import fit, read_windows, to_toml
 from sim.forecast import build_inputs, forecast, one_run, sensitivity
 from sim.pool import AttemptPool
-from sim.report import sweep_table, text_report, timeline_png
+from sim.report import distribution_png, report_json, summary, sweep_table, text_report, timeline_png
+from sim.scenario import SERVING_MODELS, describe, make_scenario, parse_counts, read_scenario, resolve, variants
 from sim.serving import load_serving
 from submission.attempts import read_log
 from submission.config import ProfileError, load_profile
 from submission.tasks import LoadError, load_tasks
 
-SERVING_MODELS = Path(__file__).resolve().parent / "serving_models"
+SCHEDULE_OPTIONS = ("cap_first_single", "cap_first_multi", "cap_second", "repair_caps", "cap_extra", "max_in_flight")
 
 
 def _serving_for(args: argparse.Namespace, profile_name: str):
@@ -38,7 +46,7 @@ def _serving_for(args: argparse.Namespace, profile_name: str):
     return load_serving(path)
 
 
-def _inputs(args: argparse.Namespace, records, hidden: int):
+def _inputs(args: argparse.Namespace, records, hidden: int, test_inputs: int | None = None, per_task: tuple = ()):
     tasks = [t for t in load_tasks(args.tasks, args.solutions).tasks if t.test_outputs is not None]
     if not tasks:
         raise LoadError(f"{args.tasks}: no task with known test outputs (pass --solutions)")
@@ -47,39 +55,76 @@ def _inputs(args: argparse.Namespace, records, hidden: int):
         if r.prompt_tokens:
             prompts.setdefault((r.task_id, r.test_index), []).append(r.prompt_tokens)
     prompt_tokens = {k: int(statistics.median(v)) for k, v in prompts.items()}
-    return build_inputs(tasks, prompt_tokens, hidden, random.Random(0))
+    return build_inputs(tasks, prompt_tokens, hidden, random.Random(0), test_inputs, per_task)
+
+
+def scenario_of(args: argparse.Namespace):
+    """The scenario file (if any) with the options given on the command line on top."""
+    from_file = read_scenario(args.scenario) if args.scenario else {}
+    overrides = {"profile": args.profile, "serving": args.serving, "kv_tokens": args.kv_tokens,
+                 "throughput_tok_s": args.throughput, "throughput_running": args.throughput_running,
+                 "throughput_context": args.throughput_context, "startup_s": args.startup_s,
+                 "tasks": args.hidden_tasks, "test_inputs": args.test_inputs, "inputs_per_task": args.inputs_per_task,
+                 "throughput_noise": args.throughput_noise, "runs": args.runs, "bootstraps": args.bootstraps,
+                 "seed": args.seed, "sensitivity": True if args.sensitivity else None,
+                 "sensitivity_step": args.sensitivity_step, "sensitivity_pairs": args.sensitivity_pairs,
+                 "forced_accuracy": args.forced_accuracy, "sweep": args.sweep,
+                 "schedule": tuple((name, getattr(args, name)) for name in SCHEDULE_OPTIONS
+                                   if getattr(args, name) is not None)}
+    return make_scenario(from_file, overrides)
 
 
 def cmd_forecast(args: argparse.Namespace) -> int:
+    scenario = scenario_of(args)
+    planned = variants(scenario)  # a bad sweep fails before the logs are read
     records = [r for path in args.log for r in read_log(path)]
-    inputs, truth = _inputs(args, records, args.hidden_tasks)
-    pool = AttemptPool(records, truth, args.forced_accuracy)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for name in [args.profile] + [p for p in (args.sweep or "").split(",") if p]:
-        profile = load_profile(name)
-        serving = _serving_for(args, name) if name == args.profile else load_serving(
-            SERVING_MODELS / f"{Path(name).stem}.toml")
+    rows, document = [], None
+    inputs_by_shape: dict = {}
+    for name, variant in planned:
+        resolved = resolve(variant)
+        shape = (variant.tasks, variant.test_inputs, variant.inputs_per_task, variant.forced_accuracy)
+        if shape not in inputs_by_shape:
+            inputs, truth = _inputs(args, records, variant.tasks, variant.test_inputs,
+                                    parse_counts(variant.inputs_per_task))
+            inputs_by_shape[shape] = (inputs, truth, AttemptPool(records, truth, variant.forced_accuracy))
+        inputs, truth, pool = inputs_by_shape[shape]
+        if document is None:
+            print(describe(variant, resolved, len(inputs)))
         started = time.perf_counter()
-        result = forecast(profile.schedule, inputs, truth, pool, serving, runs=args.runs)
+        result = forecast(resolved.schedule, inputs, truth, pool, resolved.serving, runs=variant.runs,
+                          seed=variant.seed, throughput_noise=variant.throughput_noise,
+                          bootstraps=variant.bootstraps)
         elapsed = time.perf_counter() - started
-        rows.append((name, result, len(inputs)))
-        if name != args.profile:
+        numbers = summary(result, truth)
+        rows.append((name, result, numbers))
+        if document is not None:
             continue
-        sens = sensitivity(profile.schedule, inputs, truth, pool, serving, runs=max(args.runs // 5, 4)) \
-            if args.sensitivity else None
+        sens = sensitivity(resolved.schedule, inputs, truth, pool, resolved.serving, pairs=variant.sensitivity_pairs,
+                           seed=variant.seed, step=variant.sensitivity_step) if variant.sensitivity else None
         report = text_report(name, result, truth, sens)
-        run, engine = one_run(profile.schedule, inputs, truth, pool, serving, seed=0)
-        png = timeline_png(run, engine.timeline, out / "timeline.png", f"{name}: one simulated run")
-        (out / "report.txt").write_text(report + "\n")
+        index = result.median_run()
+        run, engine = one_run(resolved.schedule, inputs, truth, pool, resolved.serving, result.seeds[index],
+                              result.factors[index])
+        timeline = timeline_png(run, engine.timeline, engine.preempted, engine.model.blocks, out / "timeline.png",
+                                f"{name}: the median-score run of {variant.runs} (seed {result.seeds[index]})")
+        spread = distribution_png(numbers, out / "distribution.png", f"{name}: {variant.runs} simulated runs")
+        (out / "report.txt").write_text(describe(variant, resolved, len(inputs)) + "\n" + report + "\n")
         print(report)
-        print(f"  ({args.runs} runs simulated in {elapsed:.1f} s)")
-        print(f"report: {out / 'report.txt'}\ntimeline plot: {png}")
+        print(f"  ({variant.runs} runs simulated in {elapsed:.1f} s)")
+        print(f"report: {out / 'report.txt'}\ntimeline plot: {timeline}\ndistribution plot: {spread}")
+        document = (variant.to_json(), list(resolved.notes), numbers, sens)
     if len(rows) > 1:
         table = sweep_table(rows)
         (out / "sweep.txt").write_text(table + "\n")
         print(table)
+    if args.json:
+        body = report_json(document[0], document[1], document[2], document[3],
+                           [(name, numbers) for name, _, numbers in rows[1:]])
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(body, indent=1) + "\n")
+        print(f"json: {args.json}")
     return 0
 
 
@@ -119,15 +164,31 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--log", action="append", required=True, help="attempt log(s) of earlier runs")
     f.add_argument("--tasks", required=True, type=Path)
     f.add_argument("--solutions", type=Path)
-    f.add_argument("--profile", required=True)
+    f.add_argument("--scenario", type=Path, help="scenario TOML (sim/scenario.py); options below override it")
+    f.add_argument("--profile", help="run profile (default moe-4xL4)")
     f.add_argument("--serving", help="serving model TOML (default sim/serving_models/PROFILE.toml)")
-    f.add_argument("--hidden-tasks", type=int, default=240, help="tasks in the simulated set (made up beyond the "
-                                                                  "labelled ones)")
-    f.add_argument("--runs", type=int, default=50)
-    f.add_argument("--forced-accuracy", type=float, default=0.08)
+    f.add_argument("--kv-tokens", type=int, help="KV-cache size in tokens")
+    f.add_argument("--throughput", type=float, help="aggregate decode tokens/s (at --throughput-running requests)")
+    f.add_argument("--throughput-running", type=int, help="running requests the throughput is measured at")
+    f.add_argument("--throughput-context", type=int, help="context tokens per running request there (30000)")
+    f.add_argument("--startup-s", type=float, help="engine start-up seconds")
+    f.add_argument("--hidden-tasks", type=int, help="tasks in the simulated set, made up beyond the labelled (240)")
+    f.add_argument("--test-inputs", type=int, help="test inputs in the simulated set")
+    f.add_argument("--inputs-per-task", help="made-up tasks' test-input counts, COUNT:WEIGHT,... (1:0.6,2:0.3,3:0.1)")
+    for name in SCHEDULE_OPTIONS:
+        f.add_argument(f"--{name.replace('_', '-')}", type=str if name == "repair_caps" else int,
+                       help="schedule override" + (" (comma-separated)" if name == "repair_caps" else ""))
+    f.add_argument("--throughput-noise", type=float, help="sigma of a per-run speed factor (0: off)")
+    f.add_argument("--runs", type=int)
+    f.add_argument("--bootstraps", type=int)
+    f.add_argument("--seed", type=int)
+    f.add_argument("--forced-accuracy", type=float)
     f.add_argument("--sensitivity", action="store_true")
-    f.add_argument("--sweep", help="more profiles to compare, comma-separated")
+    f.add_argument("--sensitivity-step", type=float, help="relative step of the paired runs (0.05)")
+    f.add_argument("--sensitivity-pairs", type=int, help="paired runs per resource (20)")
+    f.add_argument("--sweep", help="KEY=V1,V2 over a scenario or schedule field, or profiles P1,P2")
     f.add_argument("--out", default="out/simulate")
+    f.add_argument("--json", type=Path, help="write the whole report as JSON here")
     c = sub.add_parser("calibrate", help="fit the serving model to a run's per-window engine statistics")
     c.add_argument("--stats", required=True, type=Path)
     c.add_argument("--profile", required=True)

@@ -1,11 +1,14 @@
 """Forecasts: many simulated runs, intervals, sensitivity, and the inputs a forecast runs on. Pure but for the clock-free
 simulation itself (no I/O).
 
-- Score interval over the randomness of attempts and throughput: `runs` simulations, each with its own seed for the
-  draws and a throughput factor exp(N(0, throughput_noise)); the 5th and 95th percentiles of their scores.
-- Score interval over tasks: per-task scores averaged over the runs, resampled over tasks 1,000 times (bootstrap).
-- Sensitivity: paired runs with common seeds, once with the engine (1 + delta) times faster and once with (1 + delta)
-  times the KV cache, against the base; the mean score difference in points per percent.
+- Score interval over the randomness of attempts (and throughput, if asked): `runs` simulations, each with its own
+  seed for the draws and, with `throughput_noise` > 0, a speed factor exp(N(0, throughput_noise)) on the whole engine
+  (it models run-to-run variation of the hardware's speed that the serving model does not know: another machine of the
+  same type, a different mix of prompts; off by default); the 5th and 95th percentiles of their scores.
+- Score interval over tasks: per-task scores averaged over the runs, resampled over tasks `bootstraps` times.
+- Sensitivity: `pairs` paired runs with common random numbers (the same seed, so every slot draws the same attempt:
+  sim.run), once with the engine (1 + step) times faster and once with (1 + step) times the KV cache, against the
+  base; the mean score difference in points per percent, with its paired standard error (stdev / sqrt(pairs)).
 """
 
 from __future__ import annotations
@@ -28,6 +31,13 @@ class Forecast:
     runs_interval: tuple[float, float]  # 90%, over attempts and throughput
     tasks_interval: tuple[float, float]  # 90%, bootstrap over tasks
     results: tuple[SimResult, ...]
+    seeds: tuple[int, ...]  # run i's seed and speed factor: one_run(..., seeds[i], factors[i]) repeats it
+    factors: tuple[float, ...]
+
+    def median_run(self) -> int:
+        """The index of a run with the median score (the timeline plot shows it)."""
+        order = sorted(range(len(self.results)), key=lambda i: self.results[i].score)
+        return order[len(order) // 2]
 
     def mean(self, value) -> float:
         return statistics.fmean(value(r) for r in self.results)
@@ -41,10 +51,14 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def build_inputs(tasks: list[Task], prompt_tokens: dict[tuple[str, int], int], hidden_tasks: int,
-                 rng: random.Random) -> tuple[list[InputInfo], dict[tuple[str, int], object]]:
+                 rng: random.Random, test_inputs: int | None = None,
+                 inputs_per_task: tuple[tuple[int, float], ...] = ()
+                 ) -> tuple[list[InputInfo], dict[tuple[str, int], object]]:
     """The simulated task set: the labelled tasks, plus made-up tasks up to `hidden_tasks` (the hidden set is larger
-    than the public one) whose test-input counts and prompt lengths are drawn from the real ones. Returns the inputs
-    and the true answer of each (a label, or a stand-in)."""
+    than the public one) whose prompt lengths are drawn from the real ones and test-input counts from the real tasks,
+    or from `inputs_per_task` ((count, weight), ...) when given; with `test_inputs`, the made-up tasks' counts (1-4)
+    are then adjusted one at a time until the set has that many inputs. Returns the inputs and the true answer of each
+    (a label, or a stand-in)."""
     inputs, truth = [], {}
     lengths = list(prompt_tokens.values()) or [4000]
     for task in tasks:
@@ -52,9 +66,22 @@ def build_inputs(tasks: list[Task], prompt_tokens: dict[tuple[str, int], int], h
             key = (task.id, index)
             inputs.append(InputInfo(task.id, index, prompt_tokens.get(key, rng.choice(lengths)), len(task.test_inputs)))
             truth[key] = label
-    for number in range(max(hidden_tasks - len(tasks), 0)):
+    made_up = max(hidden_tasks - len(tasks), 0)
+    if inputs_per_task:
+        counts = rng.choices([c for c, _ in inputs_per_task], [w for _, w in inputs_per_task], k=made_up)
+    else:
+        counts = [len(rng.choice(tasks).test_inputs) for _ in range(made_up)]
+    if test_inputs is not None:
+        real = len(inputs)
+        if not real + len(counts) <= test_inputs <= real + 4 * len(counts):
+            raise ValueError(f"test inputs: {test_inputs} cannot be reached with {len(tasks)} labelled tasks "
+                             f"({real} inputs) and {len(counts)} made-up tasks of 1-4 inputs")
+        while real + sum(counts) != test_inputs:
+            step = 1 if real + sum(counts) < test_inputs else -1
+            index = rng.choice([i for i, c in enumerate(counts) if 1 <= c + step <= 4])
+            counts[index] += step
+    for number, count in enumerate(counts):
         task_id = f"made-up-{number:04d}"
-        count = len(rng.choice(tasks).test_inputs)
         for index in range(count):
             inputs.append(InputInfo(task_id, index, rng.choice(lengths), count))
             truth[(task_id, index)] = (("right", task_id, index),)
@@ -64,35 +91,52 @@ def build_inputs(tasks: list[Task], prompt_tokens: dict[tuple[str, int], int], h
 def one_run(config: ScheduleConfig, inputs: list[InputInfo], truth: dict, pool: AttemptPool, serving: ServingModel,
             seed: int, throughput: float = 1.0, kv: float = 1.0) -> tuple[SimResult, SharedEngine]:
     engine = SharedEngine(serving.scaled(throughput, kv))
-    result = simulate(config, inputs, pool.draw, engine, truth, random.Random(seed))
+    result = simulate(config, inputs, pool.draw, engine, truth, seed)
     return result, engine
 
 
 def forecast(config: ScheduleConfig, inputs: list[InputInfo], truth: dict, pool: AttemptPool,
-             serving: ServingModel, runs: int = 50, seed: int = 0, throughput_noise: float = 0.1,
+             serving: ServingModel, runs: int = 50, seed: int = 0, throughput_noise: float = 0.0,
              bootstraps: int = 1000) -> Forecast:
+    if runs < 1:
+        raise ValueError("runs: at least one simulated run is needed")
     noise = random.Random(seed)
-    results = []
+    results, factors = [], []
     for run in range(runs):
-        factor = math.exp(noise.gauss(0.0, throughput_noise)) if throughput_noise else 1.0
-        results.append(one_run(config, inputs, truth, pool, serving, seed + run, factor)[0])
+        factors.append(math.exp(noise.gauss(0.0, throughput_noise)) if throughput_noise else 1.0)
+        results.append(one_run(config, inputs, truth, pool, serving, seed + run, factors[-1])[0])
     scores = [r.score for r in results]
     per_task = {t: statistics.fmean(r.task_scores[t] for r in results) for t in results[0].task_scores}
     values = list(per_task.values())
     boot = random.Random(seed + 1)
-    means = [100 * statistics.fmean(boot.choices(values, k=len(values))) for _ in range(bootstraps)]
+    means = [100 * statistics.fmean(boot.choices(values, k=len(values))) for _ in range(bootstraps)] or [
+        100 * statistics.fmean(values)]
     return Forecast(statistics.fmean(scores), (percentile(scores, 0.05), percentile(scores, 0.95)),
-                    (percentile(means, 0.05), percentile(means, 0.95)), tuple(results))
+                    (percentile(means, 0.05), percentile(means, 0.95)), tuple(results),
+                    tuple(seed + run for run in range(runs)), tuple(factors))
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """Score points per +1% of one resource: the mean of paired differences and its standard error."""
+
+    resource: str  # "throughput" or "kv_cache"
+    per_percent: float
+    standard_error: float
+    step: float
+    pairs: int
 
 
 def sensitivity(config: ScheduleConfig, inputs: list[InputInfo], truth: dict, pool: AttemptPool,
-                serving: ServingModel, runs: int = 20, seed: int = 0, delta: float = 0.10) -> dict[str, float]:
-    """Points of score per percent more throughput and per percent more KV cache (paired, common seeds)."""
-    out = {}
-    for name, scale in (("throughput", dict(throughput=1 + delta)), ("kv_cache", dict(kv=1 + delta))):
-        diffs = []
-        for run in range(runs):
-            base = one_run(config, inputs, truth, pool, serving, seed + run)[0].score
-            diffs.append(one_run(config, inputs, truth, pool, serving, seed + run, **scale)[0].score - base)
-        out[name] = statistics.fmean(diffs) / (100 * delta)
+                serving: ServingModel, pairs: int = 20, seed: int = 0, step: float = 0.05) -> list[Sensitivity]:
+    """Points of score per percent more throughput and per percent more KV cache (paired, common random numbers)."""
+    if pairs < 2 or step <= 0:
+        raise ValueError("sensitivity: at least 2 pairs and a positive step are needed")
+    base = [one_run(config, inputs, truth, pool, serving, seed + run)[0].score for run in range(pairs)]
+    out = []
+    for name, scale in (("throughput", dict(throughput=1 + step)), ("kv_cache", dict(kv=1 + step))):
+        diffs = [one_run(config, inputs, truth, pool, serving, seed + run, **scale)[0].score - base[run]
+                 for run in range(pairs)]
+        out.append(Sensitivity(name, statistics.fmean(diffs) / (100 * step),
+                               statistics.stdev(diffs) / math.sqrt(pairs) / (100 * step), step, pairs))
     return out

@@ -4,8 +4,9 @@ For a request (input, attempt number, level, cap):
 1. The input's own logged attempts: the one with the same attempt number, else one of the same level, else any one
    (chosen with the run's random generator). Grids, programs and their outputs are the logged ones.
 2. An input with no logged attempt of its own (the hidden set is larger than the public one): an attempt of the same
-   level drawn from the whole pool, else any. Only its correctness travels: a right grid becomes the input's true
-   answer, a wrong one a wrong grid of its own; a train-perfect program's output likewise; no transfer.
+   level drawn from the whole pool, else any. Only its lengths and correctness travel: a right grid becomes the
+   input's true answer, a wrong one a wrong grid of its own; a train-perfect program's output likewise; no transfer.
+   Its prompt is the input's own (prompt 0 here: the run uses the length the scheduler ordered the input by).
 3. Truncation: when the logged thinking is longer than the simulated cap, the attempt becomes a forced completion of
    cap tokens. Its grid comes from one of the input's logged forced attempts if any, else it is right with probability
    `forced_accuracy` (SPEC: about 8% of forced completions are right); its program is not train-perfect.
@@ -25,7 +26,7 @@ from submission.schedule import Level, Outcome, Request
 class SimAttempt:
     thinking: int
     answer: int
-    prompt: int
+    prompt: int  # 0: the input's own prompt length (rule 2)
     natural: bool
     grid: object | None  # a Grid, or a stand-in for the true / a wrong answer of a simulated input
     train_perfect: bool
@@ -57,7 +58,6 @@ class AttemptPool:
         self.by_level: dict[Level, list[AttemptRecord]] = {}
         for r in self.records:
             self.by_level.setdefault(r.level, []).append(r)
-        self._wrong = 0
 
     def _right(self, record: AttemptRecord) -> bool:
         return record.grid is not None and record.grid == self.truth.get((record.task_id, record.test_index))
@@ -67,9 +67,11 @@ class AttemptPool:
         return (record.train_perfect and record.test_index < len(out)
                 and out[record.test_index] == self.truth.get((record.task_id, record.test_index)))
 
-    def _wrong_grid(self) -> Grid:
-        self._wrong += 1
-        return (("wrong", self._wrong),)  # type: ignore[return-value] - a stand-in, only compared for equality
+    @staticmethod
+    def _wrong_grid(request: Request, kind: str) -> Grid:
+        """A wrong answer of this slot: a stand-in, only compared for equality, unique to the slot and `kind` (so no
+        two wrong answers vote together) and the same in every run (common random numbers)."""
+        return (("wrong", request.task_id, request.test_index, request.attempt, kind),)  # type: ignore[return-value]
 
     def draw(self, request: Request, rng: random.Random) -> SimAttempt:
         key = request.key
@@ -82,12 +84,12 @@ class AttemptPool:
         else:
             record = rng.choice(self.by_level.get(request.level) or self.records)
             truth = self.truth[key]
-            grid = None if record.grid is None else truth if self._right(record) else self._wrong_grid()
+            grid = None if record.grid is None else truth if self._right(record) else self._wrong_grid(request, "grid")
             outputs: tuple = ()
             if record.train_perfect:
                 outputs = tuple(None for _ in range(request.test_index)) + (
-                    truth if self._program_right(record) else self._wrong_grid(),)
-            attempt = SimAttempt(record.thinking_tokens, record.answer_tokens, record.prompt_tokens, record.natural,
+                    truth if self._program_right(record) else self._wrong_grid(request, "program"),)
+            attempt = SimAttempt(record.thinking_tokens, record.answer_tokens, 0, record.natural,
                                  grid, record.train_perfect, record.demos_right, outputs, "pool")
         return self._cut(attempt, request, rng)
 
@@ -98,6 +100,6 @@ class AttemptPool:
         if forced:
             grid = rng.choice(forced).grid
         else:
-            grid = self.truth[request.key] if rng.random() < self.forced_accuracy else self._wrong_grid()
+            grid = self.truth[request.key] if rng.random() < self.forced_accuracy else self._wrong_grid(request, "cut")
         return SimAttempt(request.cap, attempt.answer, attempt.prompt, False, grid, False, 0, (),
                           attempt.source + "+cut")

@@ -2,7 +2,12 @@
 
 The scheduler (submission.schedule) and answer selection (submission.selection) are the solver's code, not copies;
 only the engine and the clock are simulated. The engine is either the serving model (sim.serving.SharedEngine) or, for
-tests, `LatencyEngine`, where each request takes its own fixed time.
+tests, `LatencyEngine`, where each request takes its own fixed time. As in the solver, a request's cap is fixed when
+the scheduler hands it to the engine; it may then wait inside the engine (the cache decides), and that wait is kept.
+
+Common random numbers: each slot (test input, attempt number, level, repair turn) draws its attempt from its own
+random stream, seeded from the run seed and the slot key, so two runs with the same seed (a base and a +1% variant)
+draw the same attempt for the same slot whatever order or time the requests start in.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from submission.solve import Candidates
 
 class SimEngine(Protocol):
     tokens: int
+    preempted: list
 
     def submit(self, job: Job, now: float) -> None: ...
 
@@ -37,8 +43,10 @@ class LatencyEngine:
     pending: list[tuple[float, int, Job]] = field(default_factory=list)
     tokens: int = 0
     timeline: list = field(default_factory=list)
+    preempted: list = field(default_factory=list)  # never: no shared cache
 
     def submit(self, job: Job, now: float) -> None:
+        job.submitted = job.started = now
         self.pending.append((now + self.duration(job), len(self.pending), job))
 
     def advance(self, now: float, limit: float) -> tuple[float, list[Job]]:
@@ -70,8 +78,11 @@ class SimResult:
     task_scores: dict[str, float]
     unanswered: int
     tokens_generated: int
-    skipped: int
+    skipped: int  # queued attempts dropped because their cap fell below min_cap
+    never_started: int  # attempts still queued at the stop (too late for their level, or no time left)
     answered_curve: list[tuple[float, int]]
+    engine_waits: list[float]  # per started request, seconds from submission to its first admission
+    preemptions: int
 
     @property
     def score(self) -> float:
@@ -89,10 +100,18 @@ class SimResult:
         return out
 
 
+def slot_rng(seed: int, request: Request) -> random.Random:
+    """The random stream of one slot of one run (see the module doc)."""
+    # request.seed is the scheduler's stable hash of (task, test input, attempt): no second hash per request.
+    return random.Random((((seed << 32 | request.seed) << 4 | int(request.level)) << 8) | request.repair_turn)
+
+
 def simulate(config: ScheduleConfig, inputs: list[InputInfo], draw: Callable[[Request, random.Random], SimAttempt],
-             engine: SimEngine, truth: dict[tuple[str, int], object], rng: random.Random,
-             answer_reserve: int = 4000) -> SimResult:
-    """Run the schedule until nothing is left or the hard stop; score the selected answers against `truth`."""
+             engine: SimEngine, truth: dict[tuple[str, int], object], seed: int | random.Random) -> SimResult:
+    """Run the schedule until nothing is left or the hard stop; score the selected answers against `truth`.
+    `seed` is the run seed (a random.Random gives one)."""
+    if isinstance(seed, random.Random):
+        seed = seed.getrandbits(32)
     scheduler = Scheduler(config, inputs)
     task_inputs = {i.task_id: i.task_inputs for i in inputs}
     prompts = {i.key: i.prompt_tokens for i in inputs}
@@ -100,13 +119,13 @@ def simulate(config: ScheduleConfig, inputs: list[InputInfo], draw: Callable[[Re
     finished: list[tuple[Request, SimAttempt, float, float]] = []
     answered_curve: list[tuple[float, int]] = []
     started: list[tuple[float, Request]] = []
+    waits: list[float] = []
     now, hard_stop = 0.0, config.hard_stop
     while True:
         while (request := scheduler.next(now)) is not None:
-            attempt = draw(request, rng)
-            prompt = attempt.prompt or prompts[request.key]
-            job = Job(request.key + (request.attempt,), prompt, attempt.tokens,
-                      prompt + request.cap + answer_reserve, (request, attempt, now))
+            attempt = draw(request, slot_rng(seed, request))
+            job = Job(request.key + (request.attempt,), attempt.prompt or prompts[request.key], attempt.tokens,
+                      (request, attempt, now))
             engine.submit(job, now)
             started.append((now, request))
         when, done = engine.advance(now, hard_stop)
@@ -114,13 +133,18 @@ def simulate(config: ScheduleConfig, inputs: list[InputInfo], draw: Callable[[Re
             break
         now = when
         for job in done:
+            waits.append(job.started - job.submitted)
             request, attempt, submitted = job.payload
             scheduler.on_finished(now, attempt.outcome(request))
             finished.append((request, attempt, submitted, now))
             candidates.add(request.task_id, request.test_index, request.attempt, attempt.grid,
                            attempt.train_perfect, attempt.program_outputs[:task_inputs[request.task_id]])
         answered_curve.append((now, len(candidates.by_input)))
-    aborted = [(job.payload[0], job.generated) for job in engine.abort_all()]
+    left = engine.abort_all()
+    # A request still waiting in the engine at the end was kept out by the cache until the hard stop.
+    waits += [(hard_stop if math.isnan(job.started) else job.started) - job.submitted for job in left]
+    aborted = [(job.payload[0], job.generated) for job in left]
+    never_started = scheduler.pending()
     scheduler.abort_all()
     scores: dict[str, list[bool]] = {}
     for info in inputs:
@@ -129,6 +153,6 @@ def simulate(config: ScheduleConfig, inputs: list[InputInfo], draw: Callable[[Re
     return SimResult(finished, aborted, started, min(now, hard_stop) if finished else 0.0, hard_stop,
                      {t: sum(v) / len(v) for t, v in scores.items()},
                      sum(1 for i in inputs if i.key not in candidates.by_input), engine.tokens, len(scheduler.skipped),
-                     answered_curve)
+                     never_started, answered_curve, waits, len(engine.preempted))
 
 

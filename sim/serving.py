@@ -1,22 +1,33 @@
-"""The serving model: how fast an engine turns running requests into tokens, on a simulated clock.
+"""The serving model: how an engine turns running requests into tokens, and how its KV cache decides what runs.
 
-Decode step time for n running requests holding K context tokens in total:  t(n, K) = a + b*n + c*K  seconds.
-Every step gives each running request one token, so total throughput n / t(n, K) saturates as n grows and the
-per-stream rate 1 / t(n, K) falls as contexts grow. A newly admitted request first costs `prefill_s_per_token` x its
-prompt tokens, during which no stream advances (vLLM mixes prefill into decode steps; a stall of the same total is the
-approximation). Admission is limited by `max_num_seqs` and by the KV cache: a running request reserves prompt + cap +
-answer tokens of `kv_tokens`. The engine starts `startup_s` after the run. Fitted from a real run by `sim calibrate`.
+Speed. A decode step with n running requests holding K context tokens in total takes  t(n, K) = a + b*n + c*K
+seconds and gives each running request one token: total throughput n / t(n, K) saturates as n grows and the per-stream
+rate 1 / t(n, K) falls as contexts grow. A (re)admitted request first costs `prefill_s_per_token` x the tokens it must
+prefill, during which no stream advances (vLLM mixes prefill into decode steps; a stall of the same total is the
+approximation). The engine starts `startup_s` after the run. Fitted from a real run by `sim calibrate`.
 
-Between two events (an admission or a completion) the batch is fixed, so the time of the next completion is exact:
-after s steps K has grown by n*s, and s steps take s*(a + b*n + c*K) + c*n*s*(s-1)/2. A 12-hour run simulates in a few
-thousand events, not millions of steps.
+Cache, as vLLM's v1 scheduler manages it (vllm/v1/core/sched/scheduler.py, kv_cache_manager.py; checked against the
+CPU engine by tests/test_sim_fidelity.py). The cache is `kv_tokens // block_size` blocks. A request of P prompt
+tokens that has generated g tokens needs ceil((P + g) / block_size) blocks for the step that produces token g + 1:
+blocks are taken as it grows, never reserved for its cap. Every step, the running requests take their blocks first,
+oldest first; when one cannot, the most recently admitted running request is preempted (recompute): its blocks are
+freed and it goes back to the front of the waiting queue keeping its generated tokens, which it re-prefills (P + g
+tokens) when it is admitted again. Waiting requests are admitted in order while fewer than `max_num_seqs` run and
+their blocks fit with `watermark` x the cache left free (vLLM's scheduler watermark, 0 by default; not applied when
+nothing else runs); not in a step that preempted. Not modelled: prefix caching
+(the shipped profiles run without it), speculative decoding's look-ahead blocks, chunked prefill's token budget.
+
+Between two events (an admission, a completion, a preemption) the batch is fixed, so the next event is solved, not
+stepped: after s steps K has grown by n*s, and s steps take s*(a + b*n + c*K) + c*n*s*(s-1)/2; the step at which the
+blocks run out is found from where each request crosses its next block boundary. A 12-hour run is a few thousand
+events, not millions of steps.
 """
 
 from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 
 
@@ -27,17 +38,33 @@ class ServingModel:
     step_c: float  # seconds per step per context token held by the running requests
     prefill_s_per_token: float
     startup_s: float
-    kv_tokens: int  # KV-cache capacity, tokens
+    kv_tokens: int  # KV-cache capacity, tokens (blocks x block size)
     max_num_seqs: int
+    block_size: int = 16  # tokens per KV block: vLLM's default on GPUs; the engine log's cache line says yours
+    watermark: float = 0.0  # share of the blocks an admission must leave free (vLLM: scheduler watermark, default 0)
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.kv_tokens < self.block_size or self.max_num_seqs < 1:
+            raise ValueError("serving model: block_size, kv_tokens (>= one block) and max_num_seqs must be positive")
+        if not 0 <= self.watermark < 1:
+            raise ValueError("serving model: watermark must be in [0, 1)")
+
+    @property
+    def blocks(self) -> int:
+        return self.kv_tokens // self.block_size
 
     def step_time(self, n: int, context: float) -> float:
         return self.step_a + self.step_b * n + self.step_c * context
 
     def scaled(self, throughput: float = 1.0, kv: float = 1.0) -> ServingModel:
         """The same engine `throughput` times faster and with `kv` times the cache (sensitivity runs)."""
-        return ServingModel(self.step_a / throughput, self.step_b / throughput, self.step_c / throughput,
-                            self.prefill_s_per_token / throughput, self.startup_s, int(self.kv_tokens * kv),
-                            self.max_num_seqs)
+        return replace(self, step_a=self.step_a / throughput, step_b=self.step_b / throughput,
+                       step_c=self.step_c / throughput, prefill_s_per_token=self.prefill_s_per_token / throughput,
+                       kv_tokens=max(int(self.kv_tokens * kv), self.block_size))
+
+    def throughput(self, running: int, context_per_request: float) -> float:
+        """Total decode tokens/s with `running` requests of `context_per_request` tokens each."""
+        return running / self.step_time(running, running * context_per_request)
 
 
 def load_serving(path: str | Path) -> ServingModel:
@@ -47,82 +74,161 @@ def load_serving(path: str | Path) -> ServingModel:
     except (OSError, tomllib.TOMLDecodeError) as err:
         raise ValueError(f"{path}: cannot read the serving model: {err}") from None
     names = {f.name for f in fields(ServingModel)}
-    unknown, missing = sorted(set(raw) - names), sorted(names - set(raw))
+    required = {f.name for f in fields(ServingModel) if f.default is MISSING}
+    unknown, missing = sorted(set(raw) - names), sorted(required - set(raw))
     if unknown or missing:
         raise ValueError(f"{path}: unknown keys {unknown}, missing keys {missing}")
-    return ServingModel(**raw)
+    try:
+        return ServingModel(**raw)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{path}: {err}") from None
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the engine removes jobs from its lists, and field-wise equality is slow
 class Job:
     """One request inside the simulated engine. `payload` is whatever the caller needs back at the end."""
 
     key: tuple
     prompt: int
     tokens: int  # tokens it will generate (thinking + answer)
-    reserve: int  # KV tokens reserved while it runs
     payload: object = None
     generated: int = 0
-    started: float = math.nan  # admitted (after its prefill)
+    submitted: float = math.nan
+    started: float = math.nan  # first admitted (after its prefill)
+    preemptions: int = 0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The engine at one event: what the timeline plot shows."""
+
+    time: float
+    running: int
+    tokens_per_s: float
+    blocks_used: int
+    waiting: int
 
 
 @dataclass
 class SharedEngine:
-    """Continuous batching on a simulated clock (see the module doc)."""
+    """Continuous batching and a paged KV cache on a simulated clock (see the module doc)."""
 
     model: ServingModel
     now: float = 0.0
     waiting: list[Job] = field(default_factory=list)
-    running: list[Job] = field(default_factory=list)
-    reserved: int = 0
+    running: list[Job] = field(default_factory=list)  # in admission order: the last is preempted first
     context: float = 0.0
     tokens: int = 0  # generated so far, all jobs
-    timeline: list[tuple[float, int, float]] = field(default_factory=list)  # (time, running, tokens/s)
+    prefilled: int = 0  # prompt tokens prefilled, re-prefills after preemption included
+    timeline: list[Sample] = field(default_factory=list)
+    preempted: list[tuple[float, tuple, int]] = field(default_factory=list)  # (time, job key, tokens it had)
+    _no_admission: bool = False  # the step after a preemption admits nothing (as vLLM)
 
     def __post_init__(self) -> None:
         self.now = max(self.now, self.model.startup_s)
 
     def submit(self, job: Job, now: float) -> None:
-        if job.reserve > self.model.kv_tokens:
-            raise ValueError(f"request {job.key} reserves {job.reserve} KV tokens, the cache holds "
+        if job.prompt + job.tokens > self.model.kv_tokens:
+            raise ValueError(f"request {job.key} needs {job.prompt + job.tokens} KV tokens, the cache holds "
                              f"{self.model.kv_tokens}")
+        job.submitted = now
         self.waiting.append(job)
 
+    def _blocks(self, tokens: int) -> int:
+        return -(-tokens // self.model.block_size)
+
+    def _used(self) -> int:
+        """Blocks the running requests need for their next step."""
+        size = self.model.block_size
+        return sum([(j.prompt + j.generated + size - 1) // size for j in self.running])
+
+    def _used_bound(self, steps: int = 0) -> float:
+        """An upper bound of the blocks needed `steps` steps from now, without a pass over the requests: each
+        request's tokens rounded up to a whole block cost at most block_size - 1 more."""
+        n, size = len(self.running), self.model.block_size
+        return (self.context + n * (steps + size - 1)) / size
+
     def _admit(self) -> None:
-        while (self.waiting and len(self.running) < self.model.max_num_seqs
-               and self.reserved + self.waiting[0].reserve <= self.model.kv_tokens):
-            job = self.waiting.pop(0)
-            self.now += self.model.prefill_s_per_token * job.prompt
-            self.reserved += job.reserve
-            self.context += job.prompt
-            job.started = self.now
+        """Admit waiting requests in order while they fit (the exact block count only when the bound is too close)."""
+        if self._no_admission:
+            self._no_admission = False
+            return
+        keep = int(self.model.watermark * self.model.blocks)
+        used = None
+        while self.waiting and len(self.running) < self.model.max_num_seqs:
+            job = self.waiting[0]
+            prefill = job.prompt + job.generated
+            need = self._blocks(prefill)
+            limit = self.model.blocks - (keep if self.running else 0)  # vLLM: no watermark for a lone request
+            if used is None and self._used_bound() + need > limit:
+                used = self._used()
+            if used is not None and used + need > limit:
+                break
+            self.waiting.pop(0)
+            if used is not None:
+                used += need
+            self.now += self.model.prefill_s_per_token * prefill
+            self.prefilled += prefill
+            self.context += prefill
+            if math.isnan(job.started):
+                job.started = self.now
             self.running.append(job)
+
+    def _steps_before_full(self, used: int) -> int:
+        """Whole steps the running requests (holding `used` blocks for their next step) can take before one of them
+        finds no free block."""
+        size = self.model.block_size
+        # Request i next needs a new block after (size - (L_i - 1) % size) steps (L_i its tokens), then every `size`
+        # steps: the (free + 1)-th crossing over all requests is the first step that cannot be served.
+        crossings = sorted([size - (j.prompt + j.generated - 1) % size for j in self.running])
+        cycle, position = divmod(self.model.blocks - used, len(crossings))
+        return crossings[position] + cycle * size
 
     def advance(self, now: float, limit: float) -> tuple[float, list[Job]]:
         """Run to the next completion (or to `limit`); return the time and the jobs that finished then."""
         self.now = max(self.now, now)
-        self._admit()
-        if not self.running:
-            return math.inf, []
-        n = len(self.running)
-        steps = min(j.tokens - j.generated for j in self.running)
-        per_step = self.model.step_time(n, self.context)
-        self.timeline.append((self.now, n, n / per_step))
-        duration = steps * per_step + self.model.step_c * n * steps * (steps - 1) / 2
-        if self.now + duration > limit:  # stop at the limit: advance whole steps only
-            steps = self._steps_within(limit - self.now, n, per_step)
+        while True:
+            if self.waiting:
+                self._admit()
+            if not self.running:
+                return math.inf, []
+            n = len(self.running)
+            to_finish = min([j.tokens - j.generated for j in self.running])
+            if self._used_bound(to_finish - 1) <= self.model.blocks:  # room to the next completion: no pass needed
+                steps, used = to_finish, math.ceil(self.context / self.model.block_size)
+            else:
+                used = self._used()
+                steps = min(to_finish, self._steps_before_full(used))
+            per_step = self.model.step_time(n, self.context)
+            self.timeline.append(Sample(self.now, n, n / per_step, used, len(self.waiting)))
             duration = steps * per_step + self.model.step_c * n * steps * (steps - 1) / 2
+            if self.now + duration > limit:  # stop at the limit: advance whole steps only
+                steps = min(self._steps_within(limit - self.now, n, per_step), steps)
+                self._generate(steps, n)
+                self.now += steps * per_step + self.model.step_c * n * steps * (steps - 1) / 2
+                return math.inf, []
             self._generate(steps, n)
             self.now += duration
-            return math.inf, []
-        self._generate(steps, n)
-        self.now += duration
+            if steps == to_finish:
+                break
+            self._preempt()
         done = [j for j in self.running if j.generated >= j.tokens]
         for job in done:
             self.running.remove(job)
-            self.reserved -= job.reserve
             self.context -= job.prompt + job.generated
         return self.now, done
+
+    def _preempt(self) -> None:
+        """The next step does not fit: preempt the newest running requests until it does (vLLM's recompute)."""
+        used = self._used()
+        while used > self.model.blocks:
+            job = self.running.pop()
+            used -= self._blocks(job.prompt + job.generated)
+            self.context -= job.prompt + job.generated
+            job.preemptions += 1
+            self.preempted.append((self.now, job.key, job.generated))
+            self.waiting.insert(0, job)
+        self._no_admission = True
 
     def _generate(self, steps: int, n: int) -> None:
         for job in self.running:
@@ -140,5 +246,5 @@ class SharedEngine:
 
     def abort_all(self) -> list[Job]:
         jobs = self.running + self.waiting
-        self.running, self.waiting, self.reserved, self.context = [], [], 0, 0.0
+        self.running, self.waiting, self.context = [], [], 0.0
         return jobs

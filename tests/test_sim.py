@@ -1,9 +1,11 @@
-"""The simulator: conservation of tokens, deadlines under the serving model, saturation, calibration, backtest."""
+"""The simulator: conservation of tokens, deadlines under the serving model, saturation, calibration, backtest, common
+random numbers and sensitivities, the scenario interface and its JSON report."""
 
 from __future__ import annotations
 
 import json
 import random
+import statistics
 import subprocess
 import sys
 from dataclasses import replace
@@ -13,10 +15,12 @@ import pytest
 
 from sim.backtest import backtest
 from sim.calibrate import fit
-from sim.example_log import make_records
-from sim.forecast import build_inputs, forecast, one_run
+from sim.example_log import LogShape, make_records, parse_bins
+from sim.forecast import build_inputs, forecast, one_run, sensitivity
 from sim.pool import AttemptPool
-from sim.serving import ServingModel
+from sim.run import LatencyEngine, simulate
+from sim.scenario import make_scenario, parse_counts, resolve
+from sim.serving import ServingModel, SharedEngine
 from submission.attempts import AttemptRecord
 from submission.config import load_profile
 from submission.schedule import Level, Request
@@ -37,11 +41,12 @@ def world(arc_data):
 def test_tokens_are_conserved(world):
     _, _, inputs, truth, pool = world
     schedule = load_profile("moe-4xL4").schedule
-    result, engine = one_run(schedule, inputs, truth, pool, MOE, seed=3)
+    # Streams at half the speed the cap formula assumes: the hard stop cuts some attempts.
+    result, engine = one_run(schedule, inputs, truth, pool, MOE, seed=3, throughput=0.5)
     finished = sum(a.tokens for _, a, _, _ in result.finished)
     partial = sum(generated for _, generated in result.aborted)
     assert result.tokens_generated == finished + partial == engine.tokens
-    assert result.aborted  # the example saturates the 12 hours: the hard stop cuts some attempts
+    assert result.aborted
 
 
 def test_no_request_after_the_stop_margin_and_nothing_runs_past_the_hard_stop(world):
@@ -69,11 +74,12 @@ def test_unlimited_throughput_gives_every_input_both_attempts(world):
 def test_more_throughput_never_hurts_much_and_forecasts_are_reproducible(world):
     _, _, inputs, truth, pool = world
     schedule = load_profile("moe-4xL4").schedule
-    a = forecast(schedule, inputs, truth, pool, MOE, runs=6, seed=5)
-    b = forecast(schedule, inputs, truth, pool, MOE, runs=6, seed=5)
+    slow = MOE.scaled(throughput=0.5)  # an engine that leaves inputs unanswered
+    a = forecast(schedule, inputs, truth, pool, slow, runs=6, seed=5)
+    b = forecast(schedule, inputs, truth, pool, slow, runs=6, seed=5)
     assert a.score == b.score and a.runs_interval == b.runs_interval
     assert a.runs_interval[0] <= a.score <= a.runs_interval[1]
-    fast = forecast(schedule, inputs, truth, pool, MOE.scaled(throughput=3.0), runs=6, seed=5)
+    fast = forecast(schedule, inputs, truth, pool, slow.scaled(throughput=3.0), runs=6, seed=5)
     assert fast.score > a.score and fast.mean(lambda r: r.unanswered) < a.mean(lambda r: r.unanswered)
 
 
@@ -140,3 +146,131 @@ def test_example_log_is_what_its_generator_makes(arc_data):
     tasks = load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks
     shipped = (REPO / "sim/data/example_attempts.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in shipped] == [r.to_json() for r in make_records(tasks, seed=0)]
+
+
+def test_each_slot_draws_the_same_attempt_whatever_the_timing(world):
+    """Common random numbers: a base run and one with a larger cache draw the same attempt for the same (input,
+    attempt) slot, though the requests start at other times and in another order."""
+    _, _, inputs, truth, pool = world
+    schedule = load_profile("moe-4xL4").schedule
+    drawn: list[dict] = [{}, {}]
+
+    def recorder(book):
+        def draw(request, rng):
+            attempt = pool.draw(request, rng)
+            book[(request.key, request.attempt, request.level, request.cap)] = attempt
+            return attempt
+        return draw
+
+    for book, kv in zip(drawn, (1_000_000, 1_300_000)):
+        simulate(schedule, inputs, recorder(book), SharedEngine(replace(MOE, kv_tokens=kv)), truth, 7)
+    common = drawn[0].keys() & drawn[1].keys()
+    starts = {key: i for i, key in enumerate(drawn[0])}, {key: i for i, key in enumerate(drawn[1])}
+    assert len(common) > 150
+    assert sum(starts[0][k] != starts[1][k] for k in common) > 50  # the order did change
+    assert all(drawn[0][k] == drawn[1][k] for k in common)
+
+
+@pytest.mark.timeout(900)  # 240 runs of a cache-bound engine: about a minute on a quiet machine
+def test_sensitivity_is_reproducible_across_seeds(world):
+    """+1% throughput and +1% KV cache, 40 pairs each, on two disjoint seed sets: the same sign and estimates within
+    two combined standard errors of each other (the 95% band of the difference of two independent estimates), on a
+    cache-bound engine so that both resources matter. At +1% a pair's difference is mostly noise (a slightly larger
+    cache moves admissions and so which attempts the deadline cuts): with 12 pairs the cache's estimate changed sign
+    between seed sets; 40 pairs are needed here, and the default step is 5%."""
+    _, _, inputs, truth, pool = world
+    schedule = load_profile("moe-4xL4").schedule
+    serving = replace(MOE, kv_tokens=1_200_000)
+    first, second = (sensitivity(schedule, inputs, truth, pool, serving, pairs=40, seed=seed, step=0.01)
+                     for seed in (0, 1000))
+    for a, b in zip(first, second):
+        assert a.resource == b.resource and a.standard_error > 0
+        assert a.per_percent > 0 and b.per_percent > 0, (a, b)
+        assert abs(a.per_percent - b.per_percent) <= 2 * (a.standard_error ** 2 + b.standard_error ** 2) ** 0.5
+
+
+def test_a_made_up_input_runs_with_its_own_prompt(world):
+    _, _, inputs, truth, pool = world
+    schedule = load_profile("moe-4xL4").schedule
+    prompts = {i.key: i.prompt_tokens for i in inputs}
+    seen = []
+
+    def duration(job):
+        seen.append((job.key[:2], job.prompt))
+        return job.tokens / 8.0
+
+    simulate(schedule, inputs, pool.draw, LatencyEngine(duration), truth, 0)
+    made_up = [(key, prompt) for key, prompt in seen if key[0].startswith("made-up")]
+    assert len(made_up) > 100 and all(prompt == prompts[key] for key, prompt in made_up)
+
+
+def test_the_set_has_the_asked_number_of_tasks_and_test_inputs(arc_data):
+    tasks = load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks
+    inputs, truth = build_inputs(tasks, {}, 300, random.Random(0), test_inputs=420)
+    assert len(inputs) == len(truth) == 420 and len({i.task_id for i in inputs}) == 300
+    with pytest.raises(ValueError, match="test inputs: 2000"):
+        build_inputs(tasks, {}, 300, random.Random(0), test_inputs=2000)
+    # Made-up tasks with the asked inputs per task: 180 of them, about 60% single-input.
+    inputs, _ = build_inputs(tasks, {}, 300, random.Random(0), inputs_per_task=parse_counts("1:0.6,3:0.4"))
+    made_up = [i for i in inputs if i.task_id.startswith("made-up")]
+    per_task = {i.task_id: i.task_inputs for i in made_up}
+    assert len(per_task) == 180 and set(per_task.values()) == {1, 3} and len(made_up) == sum(per_task.values())
+    assert 0.5 < sum(c == 1 for c in per_task.values()) / 180 < 0.7
+    with pytest.raises(ValueError, match="inputs_per_task"):
+        make_scenario({}, {"inputs_per_task": "5:1"})
+
+
+def test_throughput_is_converted_to_the_step_time_model():
+    scenario = make_scenario({}, {"profile": "moe-4xL4", "throughput_tok_s": 600.0, "throughput_running": 40,
+                                  "kv_tokens": 900_000, "schedule": (("cap_second", 30_000), ("repair_caps", "8000"))})
+    resolved = resolve(scenario)
+    assert resolved.serving.throughput(40, 30_000) == pytest.approx(600.0)
+    assert resolved.serving.kv_tokens == 900_000
+    assert resolved.schedule.cap_second == 30_000 and resolved.schedule.repair_caps == (8000,)
+    assert any("divided by" in note for note in resolved.notes)
+    with pytest.raises(ValueError, match="no field 'cap_sekond'"):
+        make_scenario({}, {"schedule": (("cap_sekond", 1),)})
+
+
+def test_example_log_options_shape_the_log(arc_data):
+    tasks = load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks
+    rare = make_records(tasks, 0, LogShape(natural_rate=0.3))
+    assert 0.22 < statistics.fmean(r.natural for r in rare) < 0.38
+    assert all(r.thinking_tokens == 96_000 for r in rare if not r.natural)
+    falling = make_records(tasks, 0, LogShape(accuracy_by_length=parse_bins("30000:2.0,96000:0.2")))
+
+    def accuracy(records, short):
+        picked = [r for r in records if r.natural and (r.thinking_tokens <= 30_000) == short]
+        return statistics.fmean(r.grid == tasks_by_id[r.task_id].test_outputs[r.test_index] for r in picked)
+
+    tasks_by_id = {t.id: t for t in tasks}
+    assert accuracy(falling, True) > accuracy(falling, False) + 0.3
+    with pytest.raises(ValueError):
+        parse_bins("9000:1,8000:1")
+
+
+def test_scenario_file_json_and_plots(arc_data, tmp_path):
+    """`make simulate`'s path with a scenario TOML: it prints the scenario, sweeps a cache size, writes JSON, PNGs."""
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text('profile = "moe-4xL4"\nkv_tokens = 1200000\nruns = 3\nsweep = "kv_tokens=600000"\n'
+                        "[schedule]\ncap_first_single = 80000\n")
+    log = str(REPO / "sim/data/example_attempts.jsonl")
+    out = subprocess.run([sys.executable, "-m", "sim", "forecast", "--log", log,
+                          "--tasks", str(arc_data / "arc-agi-2" / "evaluation"), "--scenario", str(scenario),
+                          "--bootstraps", "50", "--out", str(tmp_path), "--json", str(tmp_path / "r.json")],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "scenario: profile moe-4xL4" in out.stdout and "kv_tokens = 1,200,000" in out.stdout
+    assert "schedule.cap_first_single = 80000 (profile: 96000)" in out.stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["scenario"]["kv_tokens"] == 1_200_000 and report["scenario"]["schedule"]["cap_first_single"] == 80000
+    forecast_ = report["forecast"]
+    assert len(forecast_["scores"]) == 3 and {"skipped_cap_too_small", "never_started", "preemptions",
+                                              "engine_wait_s_mean"} <= forecast_.keys()
+    assert [row["variant"] for row in report["sweep"]] == ["kv_tokens=600000"]
+    assert report["sweep"][0]["engine_wait_s_mean"] > forecast_["engine_wait_s_mean"]  # half the cache: longer waits
+    for name in ("timeline.png", "distribution.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+    bad = subprocess.run([sys.executable, "-m", "sim", "forecast", "--log", "x", "--tasks", "y", "--scenario",
+                          str(scenario), "--sweep", "kv_tokenz=1"], cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode == 2 and "kv_tokenz" in bad.stderr
