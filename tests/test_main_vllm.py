@@ -40,7 +40,7 @@ CLEAN_TASKS, AGENT_TASKS = 3, 5  # 3 and 7 test inputs
 CLEAN_DEADLINE = 600  # never reached: the run ends with its queue
 AGENT = {"first_thinking": 48, "later_thinking": 40, "final_thinking": 32, "budget_single": 20000,
          "budget_multi": 20000}
-SECOND_CAP = 12000  # a random model thinks to its cap: these run into the hard stop
+SECOND_CAP = 24000  # a random model thinks to its cap: these run into the hard stop, even on an idle machine
 
 
 def solver(folder: Path, profile: str | Path, model: Path, tasks: int, deadline: float, *extra: str) -> list[str]:
@@ -176,6 +176,7 @@ def resumed(model, tasks, clean, tmp_path_factory):
     text = (REPO / "profiles" / "cpu-tiny-vllm.toml").read_text()
     text = re.sub(r"(?m)^cap_second = .*$", f"cap_second = {SECOND_CAP}", text)
     text = re.sub(r"(?m)^rate_tok_s = .*$", "rate_tok_s = 1000.0", text)  # so the cap formula keeps that cap
+    text = re.sub(r"(?m)^max_model_len = .*$", "max_model_len = 32768", text)  # the model's own: room for it
     text += "\n[tool_agent]\nenabled = true\n" + "".join(f"{k} = {v}\n" for k, v in AGENT.items())
     profile.write_text(text)
     log = folder / "attempts.jsonl"
