@@ -10,7 +10,8 @@ Three engine starts in all, each shared by several tests (module-scoped runs who
   running at the hard stop aborted and logged as aborted, the answer file complete, the process gone before the
   deadline. The engine's start counts against the deadline, and on a busy 2-core machine it takes 1-4 minutes, so
   the resumed run's deadline is scaled from the start measured in the clean run.
-Needs the engine environment (make engine-env); skipped elsewhere. About 6 minutes on an idle 2-core machine.
+Needs the engine environment (make engine-env); skipped elsewhere. 13.5-15 minutes on a shared 2-core machine at load
+average ~14 (engine starts of 110-250 s); not yet timed on an idle one.
 """
 
 from __future__ import annotations
