@@ -152,6 +152,8 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     print(f"backtest of {args.log}: {result.matched} attempts matched")
     print(f"  start error  {result.start_error_s:8.1f} s (mean absolute)")
     print(f"  finish error {result.finish_error_s:8.1f} s")
+    print(f"  attempts: logged {result.logged_attempts} finished + {result.logged_aborted} aborted, simulated "
+          f"{result.simulated_attempts} finished + {result.simulated_aborted} aborted")
     print(f"  score: logged {result.logged_score:.2f}, simulated {result.simulated_score:.2f}, "
           f"difference {result.simulated_score - result.logged_score:+.2f}")
     return 0

@@ -1,8 +1,8 @@
 """Backtest: replay a real run's own log under its own profile and serving model, and compare with what happened.
 
 Every request draws the logged attempt with the same input and attempt number (rule 1 of sim.pool), so only the
-clock is simulated; the per-attempt start and finish errors and the score difference say whether the serving model
-matches the hardware the log came from.
+clock is simulated; the per-attempt start and finish errors, the attempt counts (finished, and aborted at the hard
+stop) and the score difference say whether the serving model matches the hardware the log came from.
 """
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ class Backtest:
     finish_error_s: float
     logged_score: float
     simulated_score: float
+    logged_attempts: int  # attempts in the log that are not hard-stop aborts
+    simulated_attempts: int
+    logged_aborted: int  # attempts the run's hard stop aborted (finish "aborted")
+    simulated_aborted: int
 
 
 def backtest(records: list[AttemptRecord], inputs: list[InputInfo], truth: dict, config: ScheduleConfig,
@@ -37,7 +41,8 @@ def backtest(records: list[AttemptRecord], inputs: list[InputInfo], truth: dict,
     for request, _, submitted, finished in result.finished:
         record = logged.get(request.key + (request.attempt,))
         if record is not None:
-            starts.append(abs(submitted - record.started_s))
+            # the solver submits nothing before its engine is up; the simulator queues from 0 and starts at startup_s
+            starts.append(abs(max(submitted, serving.startup_s) - record.started_s))
             finishes.append(abs(finished - record.finished_s))
     candidates = Candidates()
     for r in records:
@@ -46,5 +51,7 @@ def backtest(records: list[AttemptRecord], inputs: list[InputInfo], truth: dict,
     for info in inputs:
         tasks.setdefault(info.task_id, []).append(truth[info.key] in candidates.answers(info.key))
     logged_score = 100 * statistics.fmean(sum(v) / len(v) for v in tasks.values())
+    aborted = sum(r.finish == "aborted" for r in records)
     return Backtest(len(starts), statistics.fmean(starts) if starts else float("nan"),
-                    statistics.fmean(finishes) if finishes else float("nan"), logged_score, result.score)
+                    statistics.fmean(finishes) if finishes else float("nan"), logged_score, result.score,
+                    len(records) - aborted, len(result.finished), aborted, len(result.aborted))

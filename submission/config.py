@@ -49,6 +49,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # "fp8" uses the checkpoint's k_scale / v_scale
     kv_cache_memory_bytes: int = 0  # per GPU; 0: the engine's default share of memory
     mtp_speculative_tokens: int = 0  # multi-token prediction draft length; 0 = off
+    enforce_eager: bool = False  # vLLM: no torch.compile / CUDA graphs (the CPU build compiles for minutes)
     stats_window_s: float = 10.0  # throughput statistics window (tokens generated, running requests)
     replay_time_scale: float = 1.0  # replay engine: logged durations are multiplied by this (0 = instant)
 

@@ -15,6 +15,8 @@ does (it ends with `main`, so in-process callers never meet it). SIGTERM stops n
 with the answers so far. An attempt the engine fails is retried once; if the engine dies, its leftover processes are
 ended (GPU memory freed), a new engine starts in fresh processes and the running attempts go back to the queue; a
 second death, or a restart that fails, ends the run with every answer kept.
+At the hard stop (or on SIGTERM) every running attempt is aborted and logged as aborted (`finish = "aborted"`);
+`--resume` does not restore those, so a later run redoes them.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from submission.solve import Attempts, Candidates, Renderer, ToolTurn, estimated
 from submission.tasks import LoadError, TaskSet, load_tasks
 from submission.views import View
 
+ABORT_GRACE_S = 5.0  # at most this long (and a quarter of the last margin) for aborted attempts to return their own
 
 def make_engine(profile: Profile):
     kind, model = profile.engine.kind, profile.engine.model
@@ -165,7 +168,7 @@ class Run:
         if repaired:
             print(f"attempt log: {repaired}", file=sys.stderr)
         for record in read_log(self.args.log):
-            if record.task_id not in self.by_id:
+            if record.task_id not in self.by_id or record.finish == "aborted":  # cut by a hard stop: not finished
                 continue
             scheduler.restore(record.outcome())
             attempts.note_program(record)
@@ -240,6 +243,7 @@ class Run:
     async def loop(self, scheduler: Scheduler, attempts: Attempts, log: AttemptLog | None, n_inputs: int) -> None:
         hard_stop = scheduler.config.hard_stop
         running: dict[asyncio.Task, object] = {}
+        started: dict[str, float] = {}  # request id -> clock when it started, for the records of aborted attempts
         restarted = False
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, transient=False) as progress:
@@ -247,6 +251,7 @@ class Run:
             while self.clock() < hard_stop and not self.stopping:
                 while (request := scheduler.next(self.clock())) is not None:
                     running[asyncio.create_task(attempts.run(request))] = request
+                    started[request_id(request)] = self.clock()
                 if not running:
                     break
                 done, _ = await asyncio.wait(running, timeout=min(max(hard_stop - self.clock(), 0), 1.0),
@@ -290,12 +295,37 @@ class Run:
                 answered = sum(1 for key in self.candidates.by_input if self.candidates.by_input[key])
                 progress.update(bar, completed=answered, description=(
                     f"inputs answered | attempts {len(self.finished)} | in flight {len(running)}"))
-            for task, request in running.items():  # the hard stop (or SIGTERM): abort what still runs
-                await attempts.engine.abort(request_id(request))
-                task.cancel()
-            self.stats[f"aborted at {self.stopping or 'the hard stop'}"] = len(running)
-            scheduler.abort_all()
+            self.stats[f"aborted at {self.stopping or 'the hard stop'}"] = await self.abort_running(
+                scheduler, attempts, log, running, started)
         self.stats["skipped (cap too small)"] = len(scheduler.skipped)
+
+    async def abort_running(self, scheduler: Scheduler, attempts: Attempts, log: AttemptLog | None,
+                            running: dict[asyncio.Task, object], started: dict[str, float]) -> int:
+        """The hard stop: abort what still runs and log each attempt as aborted. Engines differ in how soon an
+        aborted request returns (vLLM: within a step; hf: at its batch's next step, or only when its batch starts),
+        so the solver waits a bounded grace for the attempts' own records (their partial tokens; an agent's earlier
+        turn keeps its answer) and writes the others itself. Returns how many were logged as aborted."""
+        for request in running.values():
+            await attempts.engine.abort(request_id(request))
+        config = scheduler.config
+        grace = min(ABORT_GRACE_S, (config.time_limit_s - config.hard_stop) / 4)
+        done = (await asyncio.wait(running, timeout=grace))[0] if running else set()
+        aborted = 0
+        for task, request in running.items():
+            record = None
+            if task in done and not task.cancelled() and task.exception() is None:
+                record = task.result()
+            else:
+                task.cancel()
+            if record is None or record.finish.startswith("error"):
+                record = AttemptRecord(request.task_id, request.test_index, request.attempt, request.level,
+                                       request.seed, request.cap, aborted=True, finish="aborted",
+                                       started_s=started.get(request_id(request), self.clock()),
+                                       finished_s=self.clock())
+            self.record(scheduler, record, log, scheduled=record.aborted)
+            aborted += record.aborted
+        scheduler.abort_all()
+        return aborted
 
     def _agent_records(self) -> list[AttemptRecord]:
         return [r for r in self.finished if r.level is Level.FIRST] if self.profile.tool_agent.enabled else []

