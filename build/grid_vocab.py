@@ -61,7 +61,8 @@ def cut(model_dir: str | Path, out: str | Path) -> Path:
     keep = source_ids(source)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
     if model.config.model_type != "qwen3":
-        raise ValueError(f"{model_dir}/config.json: model_type is {model.config.model_type!r}, the grid line takes qwen3")
+        raise ValueError(f"{model_dir}/config.json: model_type is {model.config.model_type!r}; "
+                         "the grid line takes qwen3")
     tied = bool(model.config.tie_word_embeddings)
     index = torch.tensor(keep)
     with torch.no_grad():

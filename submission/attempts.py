@@ -41,6 +41,7 @@ class AttemptRecord:
     aborted: bool = False  # stopped by the hard stop or an engine failure
     finish: str = ""  # the engine's finish: "stop", "length", "aborted", "error: ..."
     turns: int = 1  # requests made: more than one only for the tool agent (tokens are their sums)
+    grid_line: dict = field(default_factory=dict)  # grid line (submission/grid): worker, candidates, stage seconds
 
     @property
     def tokens(self) -> int:

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from submission.grid.dfs import search  # noqa: E402
+from submission.grid.dfs import greedy, search  # noqa: E402
 from submission.grid.format import EOS, NEWLINE, GridState, encode, grid_ids  # noqa: E402
 from submission.tasks import Pair  # noqa: E402
 
@@ -131,6 +131,9 @@ def test_search_finds_exactly_the_answers_brute_force_finds(model):
     assert stepper.prefills == 1 and stepper.pushes == result.steps
     # far fewer tokens than brute force scored (and than re-running the prompt per branch would)
     assert result.steps < len(truth) / 10
+    # the greedy fallback: a legal answer, scored as brute force scores it
+    best = greedy(HFStepper(model), prompt, MAX_SIDE)
+    assert best.tokens in truth and best.logp == pytest.approx(truth[best.tokens], abs=1e-4)
     # probabilities under the legal-token distribution sum to 1: what the search found is part of it
     assert sum(math.exp(s) for s in truth.values()) == pytest.approx(1.0, abs=1e-3)
 

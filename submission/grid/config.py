@@ -43,6 +43,7 @@ class SearchConfig:
 @dataclass(frozen=True)
 class RescoreConfig:
     views: int = 8
+    share: float = 0.25  # of each test input's time, kept from the search for the rescoring
     seed: int = 0  # with the task id, seeds every view of the search, the rescoring and the training
 
 

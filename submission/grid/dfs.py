@@ -68,6 +68,8 @@ def search(stepper: Stepper, prompt: Sequence[int], cutoff: float, max_side: int
     floor = np.float32(math.log(cutoff))
     found: list[Found] = []
     steps = 0
+    if clock() > deadline:
+        return SearchResult((), False, 0)
     # a frame: grammar state, the children still to try (token, cumulative logp), cache length at this node, tokens
     root_logp = stepper.prefill(prompt)
     base = stepper.length
@@ -101,3 +103,25 @@ def _children(state: GridState, logp: np.ndarray, score: np.float32, floor: np.f
     scores = (score + _legal_logp(logp, legal)).astype(np.float32)
     keep = [(t, s) for t, s in zip(legal, scores) if s >= floor]
     return sorted(keep, key=lambda c: c[1])
+
+
+
+def greedy(stepper: Stepper, prompt: Sequence[int], max_side: int = MAX_SIDE, deadline: float = math.inf,
+           clock: Callable[[], float] = lambda: 0.0) -> Found | None:
+    """The most probable legal token at every step: the fallback when no answer clears the cut-off. None if the
+    deadline comes first."""
+    if clock() > deadline:
+        return None
+    logp, state, tokens, score = stepper.prefill(prompt), GridState(), [], np.float32(0)
+    while True:
+        legal = state.legal(max_side)
+        scores = _legal_logp(logp, legal)
+        best = int(np.argmax(scores))
+        token, score = legal[best], np.float32(score + scores[best])
+        tokens.append(token)
+        if token == EOS:
+            return Found(tuple(tokens), float(score))
+        if clock() > deadline:
+            return None
+        logp = stepper.push(token)
+        state = state.advance(token)

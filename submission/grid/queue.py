@@ -4,8 +4,8 @@ Pure policy (STYLE 1): the coordinator passes `now` in and reports what happened
 or a clock. A task's cost is its token count under the grid format times its test inputs (what TTT and search
 scale with). Each task's time limit is the remaining budget shared among the queued tasks and the live workers,
 clamped to [min_task_s, max_task_s] and never beyond the hard stop. A task whose worker dies or fails is put back at
-the front once (`max_tries` = 2); a worker that fails `max_failures` tasks in a row is retired, and the others take
-the queue.
+the front once (`max_tries` = 2), for another worker if one is live; a worker that fails `max_failures` tasks in
+a row is retired, and the others take the queue.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class TaskQueue:
     streak: dict[int, int] = field(default_factory=dict)  # consecutive failures per worker
     retired: set[int] = field(default_factory=set)
     given_up: list[str] = field(default_factory=list)
+    last_worker: dict[str, int] = field(default_factory=dict)  # who tried each task last
 
     def __post_init__(self) -> None:
         self.pending = sorted(self.costs, key=lambda t: (self.costs[t], t))
@@ -47,7 +48,13 @@ class TaskQueue:
         """The task for an idle worker and its time limit, or None (nothing left, retired, or too late)."""
         if worker in self.retired or not self.pending or now >= stop_new:
             return None
-        task_id = self.pending.pop(0)
+        # a retried task goes to another worker when there is one
+        mine = [t for t in self.pending if self.last_worker.get(t) != worker or live_workers <= 1]
+        if not mine:
+            return None
+        task_id = mine[0]
+        self.pending.remove(task_id)
+        self.last_worker[task_id] = worker
         self.tries[task_id] = self.tries.get(task_id, 0) + 1
         limit = time_limit(hard_stop - now, len(self.pending) + 1 + running, live_workers, self.min_task_s,
                            self.max_task_s)

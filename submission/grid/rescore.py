@@ -11,6 +11,7 @@ attempts. All of this is pure: the likelihood comes in as a function.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -75,18 +76,27 @@ NLL = Callable[[Sequence[int], int], float]  # (token ids, answer length) -> sum
 
 
 def rescore(task: Task, test_index: int, hits: dict[Grid, int], views: Sequence[View], nll: NLL,
-            max_len: int) -> list[Candidate]:
-    """Each found grid with its hits and its mean NLL under `views`, best first."""
-    out = []
-    for grid in hits:
-        total = np.float32(0)
-        for view in views:
-            shown = view.apply(task)
+            max_len: int, deadline: float = math.inf, clock: Callable[[], float] = lambda: 0.0) -> list[Candidate]:
+    """Each found grid with its hits and its mean NLL under `views`, best first. View by view, all candidates at
+    once: at the deadline the views finished so far are the mean for every candidate alike (none: nll 0)."""
+    grids = list(hits)
+    totals = np.zeros(len(grids), np.float32)
+    done = 0
+    for view in views:
+        shown = view.apply(task)
+        scores = np.zeros(len(grids), np.float32)
+        for i, grid in enumerate(grids):
+            if clock() >= deadline:
+                break
             answer = view.apply_grid(grid)
             encoded = encode(shown.train, shown.test_inputs[test_index], answer, max_len)
-            total += np.float32(nll(encoded.ids, len(grid_ids(answer)) + 1))
-        out.append(Candidate(grid, hits[grid], float(total / np.float32(max(len(views), 1)))))
-    return rank(out)
+            scores[i] = np.float32(nll(encoded.ids, len(grid_ids(answer)) + 1))
+        else:
+            totals += scores
+            done += 1
+            continue
+        break  # the deadline cut this view short: it does not count
+    return rank([Candidate(g, hits[g], float(t / np.float32(max(done, 1)))) for g, t in zip(grids, totals)])
 
 
 def rank(candidates: Sequence[Candidate]) -> list[Candidate]:
