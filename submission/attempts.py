@@ -56,6 +56,8 @@ class AttemptRecord:
         out["level"] = int(self.level)
         out["grid"] = to_json(self.grid) if self.grid is not None else None
         out["program_outputs"] = [to_json(g) if g is not None else None for g in self.program_outputs]
+        if not self.grid_line:  # reasoning-line records stay as they were
+            del out["grid_line"]
         return out
 
     @classmethod

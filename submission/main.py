@@ -31,6 +31,7 @@ from submission.answers import AnswerFile, render_submission
 from submission.attempts import AttemptLog, AttemptRecord, read_log
 from submission.config import Profile, ProfileError, load_profile, profile_to_toml
 from submission.engines.base import EngineDead
+from submission.grid import is_grid_profile
 from submission.prompt import render, task_text, tool_turn
 from submission.sandbox import Sandbox
 from submission.schedule import InputInfo, Level, Scheduler
@@ -253,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--solutions", type=Path, help="labels, to print the score at the end")
     parser.add_argument("--max-tasks", type=int, help="only the first N tasks by id (demos)")
     args = parser.parse_args(argv)
+    if is_grid_profile(args.profile):  # the grid line (SPEC section 10): its own workers, same answer file and log
+        from submission.grid.main import run as run_grid_line
+
+        return run_grid_line(args)
     try:
         profile = load_profile(args.profile)
         if args.model:

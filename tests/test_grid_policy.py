@@ -99,6 +99,9 @@ def load_tasks_with_labels(tasks):
 
 
 def test_shipped_grid_profiles_load():
+    from submission.grid import is_grid_profile
+
+    assert is_grid_profile("grid-tiny") and not is_grid_profile("cpu-tiny")  # what submission.main dispatches on
     profile = load_grid_profile("grid-tiny")
     assert profile.run.devices == ("cpu", "cpu") and profile.run.context(5) == profile.run.max_len[-1]
     with pytest.raises(ValueError, match="unknown key"):

@@ -16,7 +16,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from submission.config import PROFILES, ProfileError, _build
+from submission.config import ProfileError, _build
+from submission.grid import profile_path
 from submission.grid.ttt import TTTConfig
 
 
@@ -89,21 +90,8 @@ class GridProfile:
     run: RunConfig = field(default_factory=RunConfig)
 
 
-def is_grid_profile(name_or_path: str | Path) -> bool:
-    path = _path(name_or_path)
-    try:
-        return tomllib.loads(path.read_text()).get("line") == "grid"
-    except (OSError, tomllib.TOMLDecodeError):
-        return False
-
-
-def _path(name_or_path: str | Path) -> Path:
-    path = Path(name_or_path)
-    return path if path.suffix else PROFILES / f"{name_or_path}.toml"
-
-
 def load_grid_profile(name_or_path: str | Path) -> GridProfile:
-    path = _path(name_or_path)
+    path = profile_path(name_or_path)
     try:
         raw = tomllib.loads(path.read_text())
     except OSError as err:
