@@ -22,7 +22,7 @@ UNSLOTH_VENV ?= $(KIT_CACHE)/venv-unsloth-cpu-py$(PYVER)-$(UNSHASH)
 UPY       := $(UNSLOTH_VENV)/bin/python
 export ARC_DATA
 
-.PHONY: env engine-env build-env unsloth-env prune-demo wheels bundle train-rft test test-core dry-run simulate demo bench clean
+.PHONY: env engine-env build-env unsloth-env grid-dry-run prune-demo wheels bundle train-rft test test-core dry-run simulate demo bench clean
 
 env: $(VENV)/.installed
 
@@ -50,11 +50,12 @@ $(UNSLOTH_VENV)/.installed:
 
 # The whole suite, the real engines included (vLLM's CPU build, transformers): the engine environment; then the
 # checkpoint-surgery and training tests in the build environment (compressed-tensors' converter is newer than vLLM's
-# pin); then the unsloth backend's test in its own environment.
+# pin) and the grid line's PEFT tests; then the unsloth backend's test in its own environment.
 test: engine-env build-env unsloth-env
 	$(EPY) -m pytest -q tests
 	$(BPY) -m pytest -q tests/test_prune.py tests/test_patch_eot.py tests/test_quantize.py tests/test_pipeline.py \
 	    tests/test_rft.py
+	$(BPY) -m pytest -q tests/test_grid_ttt.py tests/test_grid_workers.py
 	$(UPY) -m pytest -q tests/test_rft.py -k unsloth
 
 # The suite without the engine environment (engine tests skip): CI runs it on the second Python version.
@@ -68,6 +69,15 @@ dry-run: engine-env
 	$(EPY) -m submission.main --tasks $(ARC_DATA)/arc-agi-2/evaluation --max-tasks 10 --profile cpu-tiny \
 	    --model $(OUT)/tiny-qwen3 --deadline 180 --out $(OUT)/dry-run/submission.json \
 	    --log $(OUT)/dry-run/attempts.jsonl
+
+# The grid line end to end on CPU: a tiny random-weight Qwen3 cut to 16 tokens, two worker processes, 10 ARC-AGI-2
+# evaluation tasks under a 5-minute deadline (README: the grid line).
+grid-dry-run: build-env
+	$(BPY) -m build.tiny --arch qwen3 --out $(OUT)/tiny-qwen3-base
+	$(BPY) -m build.grid_vocab --model $(OUT)/tiny-qwen3-base --out $(OUT)/tiny-grid
+	$(BPY) -m submission.grid.main --tasks $(ARC_DATA)/arc-agi-2/evaluation --max-tasks 10 --profile grid-tiny \
+	    --model $(OUT)/tiny-grid --deadline 300 --out $(OUT)/grid-dry-run/submission.json \
+	    --log $(OUT)/grid-dry-run/attempts.jsonl --solutions $(ARC_DATA)/arc-agi-2/evaluation
 
 # The core end to end without a model: the shipped example programs over ARC-AGI-2 training, scored.
 demo: env

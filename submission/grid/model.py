@@ -58,7 +58,9 @@ class HFStepper:
         return self._run([token])
 
     def truncate(self, length: int) -> None:
-        self.cache.crop(length)
+        # a negative crop removes that many tokens; the positive form (a target length) is deprecated in 5.x
+        if length < self._length:
+            self.cache.crop(length - self._length)
         self._length = length
 
 
