@@ -22,7 +22,7 @@ UNSLOTH_VENV ?= $(KIT_CACHE)/venv-unsloth-cpu-py$(PYVER)-$(UNSHASH)
 UPY       := $(UNSLOTH_VENV)/bin/python
 export ARC_DATA
 
-.PHONY: env engine-env build-env unsloth-env grid-dry-run prune-demo wheels bundle train-rft test test-core dry-run simulate demo bench clean
+.PHONY: env engine-env build-env unsloth-env grid-dry-run prune-demo wheels bundle train-rft train-grid test test-core dry-run simulate demo bench clean
 
 env: $(VENV)/.installed
 
@@ -55,7 +55,7 @@ test: engine-env build-env unsloth-env
 	$(EPY) -m pytest -q tests
 	$(BPY) -m pytest -q tests/test_prune.py tests/test_patch_eot.py tests/test_quantize.py tests/test_pipeline.py \
 	    tests/test_rft.py
-	$(BPY) -m pytest -q tests/test_grid_ttt.py tests/test_grid_workers.py
+	$(BPY) -m pytest -q tests/test_grid_ttt.py tests/test_grid_workers.py tests/test_grid_tune.py
 	$(UPY) -m pytest -q tests/test_rft.py -k unsloth
 
 # The suite without the engine environment (engine tests skip): CI runs it on the second Python version.
@@ -132,6 +132,17 @@ train-rft: engine-env build-env
 	    --model $(RFT)/base --out $(RFT)/rows.jsonl
 	$(BPY) -m training.rft --config training/rft-tiny.toml
 	$(BPY) -m training.rft --config training/rft-tiny.toml --merge
+
+# Continued fine-tuning of the grid model on the tiny demo model: rows from 4 labelled ARC-AGI-2 training tasks in 16
+# views each, a short LoRA run checkpointed every 4 steps (a second run resumes), the merge. Real runs: README.
+GT = $(OUT)/train-grid
+train-grid: build-env
+	rm -rf $(GT) && mkdir -p $(GT)
+	$(BPY) -m build.tiny --arch qwen3 --out $(GT)/base
+	$(BPY) -m build.grid_vocab --model $(GT)/base --out $(GT)/grid
+	$(BPY) -m training.grid_tune --model $(GT)/grid --tasks $(ARC_DATA)/arc-agi-2/training --max-tasks 4 \
+	    --out $(GT)/run --steps 16 --checkpoint-every 4 --rank 8 --lr 3e-3 --max-len 2048
+	$(BPY) -m training.grid_tune --model $(GT)/grid --out $(GT)/run --merge
 
 bench: env build-env
 	$(PY) benchmarks/sandbox_throughput.py
