@@ -149,6 +149,7 @@ bench: env build-env
 	$(PY) benchmarks/sim_speed.py
 	$(BPY) benchmarks/prune_and_calibrate.py
 	$(BPY) benchmarks/quantize_throughput.py
+	$(BPY) benchmarks/grid_throughput.py
 
 clean:
 	rm -rf $(OUT) .pytest_cache .hypothesis
