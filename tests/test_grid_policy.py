@@ -106,7 +106,8 @@ def test_shipped_grid_profiles_load():
     assert profile.run.devices == ("cpu", "cpu") and profile.run.context(5) == profile.run.max_len[-1]
     study = load_grid_profile("grid-4b-4xL4")  # SPEC section 10's numbers
     assert (study.ttt.rank, study.ttt.alpha, study.ttt.sequences, study.ttt.lr) == (256, 32, 128, 5e-5)
-    assert (study.search.cutoff, study.search.dihedrals * study.search.colour_perms, study.rescore.views) == (0.2, 16, 8)
+    search = study.search
+    assert (search.cutoff, search.dihedrals * search.colour_perms, study.rescore.views) == (0.2, 16, 8)
     assert study.run.max_len == (13312, 12288, 10240, 8192) and len(study.run.devices) == 4
     with pytest.raises(ValueError, match="unknown key"):
         from submission.config import _build

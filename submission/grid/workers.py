@@ -5,7 +5,7 @@ Each worker loads the grid model once, wraps it with the task adapter once, and 
 only writer: it appends each task's records to the attempt log and rewrites the answer file atomically after every
 task. It watches the workers: a process that dies (killed, out of memory) or overruns its task's limit by more than
 `GRACE_S` is retired and its task goes back to the front of the queue for another worker (once); a worker that
-fails `run.max_failures` tasks in a row is told to exit. A worker whose coordinator is gone exits by itself. No task
+fails `run.max_failures` tasks in a row is told to exit. A worker whose coordinator is gone exits when idle. No task
 starts after `run.stop_new`; at the hard stop every worker is terminated and the answers so far stand.
 """
 
