@@ -22,8 +22,8 @@ UNSLOTH_VENV ?= $(KIT_CACHE)/venv-unsloth-cpu-py$(PYVER)-$(UNSHASH)
 UPY       := $(UNSLOTH_VENV)/bin/python
 export ARC_DATA
 
-.PHONY: env engine-env build-env unsloth-env vllm-gpu-wheel prune-demo wheels bundle train-rft test test-core dry-run \
-	simulate demo bench clean
+.PHONY: env engine-env build-env unsloth-env vllm-gpu-wheel grid-dry-run prune-demo wheels bundle train-rft train-grid \
+	test test-core dry-run simulate demo bench clean
 
 env: $(VENV)/.installed
 
@@ -56,11 +56,13 @@ vllm-gpu-wheel: env
 
 # The whole suite, the real engines included (vLLM's CPU build, transformers): the engine environment; then the
 # checkpoint-surgery and training tests in the build environment (compressed-tensors' converter is newer than vLLM's
-# pin); then the unsloth backend's test in its own environment. The vLLM contract tests read the GPU release's wheel.
+# pin) and the grid line's PEFT tests; then the unsloth backend's test in its own environment. The vLLM contract tests
+# read the GPU release's wheel.
 test: engine-env build-env unsloth-env vllm-gpu-wheel
 	$(EPY) -m pytest -q tests
 	$(BPY) -m pytest -q tests/test_prune.py tests/test_patch_eot.py tests/test_quantize.py tests/test_pipeline.py \
 	    tests/test_rft.py
+	$(BPY) -m pytest -q tests/test_grid_ttt.py tests/test_grid_workers.py tests/test_grid_tune.py
 	$(UPY) -m pytest -q tests/test_rft.py -k unsloth
 
 # The suite without the engine environment (engine tests skip): CI runs it on the second Python version.
@@ -80,6 +82,15 @@ dry-run: engine-env
 	$(EPY) -m submission.main --tasks $(ARC_DATA)/arc-agi-2/evaluation --max-tasks 10 --profile $(DRY_PROFILE) \
 	    --model $(OUT)/tiny-qwen3 --deadline $(DRY_DEADLINE) --out $(DRY_OUT)/submission.json \
 	    --log $(DRY_OUT)/attempts.jsonl
+
+# The grid line end to end on CPU: a tiny random-weight Qwen3 cut to 16 tokens, two worker processes, 10 ARC-AGI-2
+# evaluation tasks under a 5-minute deadline (README: the grid line).
+grid-dry-run: build-env
+	$(BPY) -m build.tiny --arch qwen3 --out $(OUT)/tiny-qwen3-base
+	$(BPY) -m build.grid_vocab --model $(OUT)/tiny-qwen3-base --out $(OUT)/tiny-grid
+	$(BPY) -m submission.grid.main --tasks $(ARC_DATA)/arc-agi-2/evaluation --max-tasks 10 --profile grid-tiny \
+	    --model $(OUT)/tiny-grid --deadline 300 --out $(OUT)/grid-dry-run/submission.json \
+	    --log $(OUT)/grid-dry-run/attempts.jsonl --solutions $(ARC_DATA)/arc-agi-2/evaluation
 
 # The core end to end without a model: the shipped example programs over ARC-AGI-2 training, scored.
 demo: env
@@ -138,12 +149,24 @@ train-rft: engine-env build-env
 	$(BPY) -m training.rft --config training/rft-tiny.toml
 	$(BPY) -m training.rft --config training/rft-tiny.toml --merge
 
+# Continued fine-tuning of the grid model on the tiny demo model: rows from 4 labelled ARC-AGI-2 training tasks in 16
+# views each, a short LoRA run checkpointed every 4 steps (a second run resumes), the merge. Real runs: README.
+GT = $(OUT)/train-grid
+train-grid: build-env
+	rm -rf $(GT) && mkdir -p $(GT)
+	$(BPY) -m build.tiny --arch qwen3 --out $(GT)/base
+	$(BPY) -m build.grid_vocab --model $(GT)/base --out $(GT)/grid
+	$(BPY) -m training.grid_tune --model $(GT)/grid --tasks $(ARC_DATA)/arc-agi-2/training --max-tasks 4 \
+	    --out $(GT)/run --steps 16 --checkpoint-every 4 --rank 8 --lr 3e-3 --max-len 2048
+	$(BPY) -m training.grid_tune --model $(GT)/grid --out $(GT)/run --merge
+
 bench: env build-env
 	$(PY) benchmarks/sandbox_throughput.py
 	$(PY) benchmarks/sandbox_real_programs.py
 	$(PY) benchmarks/sim_speed.py
 	$(BPY) benchmarks/prune_and_calibrate.py
 	$(BPY) benchmarks/quantize_throughput.py
+	$(BPY) benchmarks/grid_throughput.py
 
 clean:
 	rm -rf $(OUT) .pytest_cache .hypothesis

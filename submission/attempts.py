@@ -42,6 +42,7 @@ class AttemptRecord:
     aborted: bool = False  # stopped by the hard stop or an engine failure
     finish: str = ""  # the engine's finish: "stop", "length", "aborted", "error: ..."
     turns: int = 1  # requests made: more than one only for the tool agent (tokens are their sums)
+    grid_line: dict = field(default_factory=dict)  # grid line (submission/grid): worker, candidates, stage seconds
 
     @property
     def tokens(self) -> int:
@@ -56,6 +57,8 @@ class AttemptRecord:
         out["level"] = int(self.level)
         out["grid"] = to_json(self.grid) if self.grid is not None else None
         out["program_outputs"] = [to_json(g) if g is not None else None for g in self.program_outputs]
+        if not self.grid_line:  # reasoning-line records stay as they were
+            del out["grid_line"]
         return out
 
     @classmethod

@@ -1,0 +1,23 @@
+"""The grid-model line (SPEC section 10): a model with a 16-token vocabulary that writes grids directly, adapted to
+each task at test time (ttt), searched depth-first (dfs), rescored under fresh views (rescore), run by one worker per
+device on a shared queue (workers, main)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+PROFILES = Path(__file__).resolve().parents[2] / "profiles"
+
+
+def profile_path(name_or_path: str | Path) -> Path:
+    path = Path(name_or_path)
+    return path if path.suffix else PROFILES / f"{name_or_path}.toml"
+
+
+def is_grid_profile(name_or_path: str | Path) -> bool:
+    """Whether a profile says `line = "grid"` (cheap: submission.main asks before importing either line)."""
+    try:
+        return tomllib.loads(profile_path(name_or_path).read_text()).get("line") == "grid"
+    except (OSError, tomllib.TOMLDecodeError):
+        return False

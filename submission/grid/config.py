@@ -1,0 +1,104 @@
+"""Grid-line profiles: one TOML file (profiles/grid-*.toml) with `line = "grid"`, validated like every profile.
+
+    line = "grid"
+    [model]    checkpoint (made by build.grid_vocab), dtype           (ModelConfig)
+    [ttt]      per-task test-time training                             (submission.grid.ttt.TTTConfig)
+    [search]   views, cut-off and time per batch of the search         (SearchConfig)
+    [rescore]  fresh views for the rescoring                           (RescoreConfig)
+    [run]      workers, their devices and contexts, time limits        (RunConfig)
+
+Unknown sections and keys are refused with the file, section and key (submission.config's checker).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from submission.config import ProfileError, _build
+from submission.grid import profile_path
+from submission.grid.ttt import TTTConfig
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = ""  # checkpoint folder; --model overrides it
+    dtype: str = "bfloat16"
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    cutoff: float = 0.2  # keep branches whose cumulative probability stays >= this
+    dihedrals: int = 8
+    colour_perms: int = 2  # 8 x 2 = 16 views per test input
+    views_per_batch: int = 4
+    batch_s: float = 540.0  # search time per batch of views, at most
+    max_side: int = 30  # the grammar's bound on rows and columns
+
+    def __post_init__(self) -> None:
+        if not 0 < self.cutoff <= 1:
+            raise ValueError(f"search.cutoff must be in (0, 1], got {self.cutoff}")
+
+
+@dataclass(frozen=True)
+class RescoreConfig:
+    views: int = 8
+    share: float = 0.25  # of each test input's time, kept from the search for the rescoring
+    seed: int = 0  # with the task id, seeds every view of the search, the rescoring and the training
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    devices: tuple[str, ...] = ("cuda:0", "cuda:1", "cuda:2", "cuda:3")  # one worker each
+    max_len: tuple[int, ...] = (8192,)  # context per worker (the last value repeats)
+    threads: int = 0  # torch CPU threads per worker; 0 = torch's default
+    time_limit_s: float = 12 * 3600
+    hard_stop_margin_s: float = 7 * 60  # the run ends this long before the limit
+    stop_new_margin_s: float = 15 * 60  # no task starts later than this before the limit
+    min_task_s: float = 1200.0  # each task's time limit, from the remaining budget and queue, clamped to these
+    max_task_s: float = 3000.0
+    max_failures: int = 3  # consecutive failed tasks after which a worker exits
+    answer_room: int = 931  # tokens kept free after the prompt for the answer (30 x 31 + <eos>)
+
+    def __post_init__(self) -> None:
+        if not self.devices or not self.max_len:
+            raise ValueError("run.devices and run.max_len need at least one entry")
+        if self.min_task_s > self.max_task_s:
+            raise ValueError("run.min_task_s must not exceed run.max_task_s")
+
+    def context(self, worker: int) -> int:
+        return self.max_len[min(worker, len(self.max_len) - 1)]
+
+    @property
+    def hard_stop(self) -> float:
+        return self.time_limit_s - self.hard_stop_margin_s
+
+    @property
+    def stop_new(self) -> float:
+        return self.time_limit_s - self.stop_new_margin_s
+
+
+@dataclass(frozen=True)
+class GridProfile:
+    name: str = "grid"
+    line: str = "grid"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    ttt: TTTConfig = field(default_factory=TTTConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    rescore: RescoreConfig = field(default_factory=RescoreConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+def load_grid_profile(name_or_path: str | Path) -> GridProfile:
+    path = profile_path(name_or_path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as err:
+        raise ProfileError(f"{path}: cannot read ({err.strerror})") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ProfileError(f"{path}: not valid TOML: {err}") from None
+    if raw.get("line") != "grid":
+        raise ProfileError(f"{path}: line: not a grid-line profile (needs line = \"grid\")")
+    raw.setdefault("name", path.stem)
+    return _build(GridProfile, raw, str(path))

@@ -1,0 +1,88 @@
+"""The grid line's solver: workers on a shared queue, answers rewritten after every task (SPEC section 10).
+
+    python -m submission.grid.main --tasks PATH --out submission.json --profile grid-tiny [--model DIR]
+                                   [--deadline SECONDS] [--log attempts.jsonl] [--solutions PATH] [--max-tasks N]
+
+`python -m submission.main` with a grid-line profile (one with `line = "grid"`) runs this too. The answer file
+exists, complete, before any work starts; the log gets two records per test input (attempt 1 carries every
+candidate with its hits, NLL and score). A watchdog (the reasoning line's) ends the process before the deadline
+whatever the workers do. Not yet: --resume (a killed run starts over).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from submission.answers import render_submission
+from submission.config import ProfileError
+from submission.grid.config import GridProfile, load_grid_profile
+from submission.score import score
+from submission.tasks import LoadError, TaskSet, load_tasks
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m submission.grid.main", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", required=True, type=Path, help="task directory, task file or Kaggle challenges")
+    p.add_argument("--out", required=True, type=Path, help="the answer file (submission.json)")
+    p.add_argument("--profile", default="grid-tiny", help="profile name (profiles/NAME.toml) or TOML path")
+    p.add_argument("--model", help="grid checkpoint folder (build.grid_vocab's output)")
+    p.add_argument("--deadline", type=float, help="time limit in seconds from now")
+    p.add_argument("--log", type=Path, help="attempt log (JSONL) to append to")
+    p.add_argument("--solutions", type=Path, help="labels, to print the score at the end")
+    p.add_argument("--max-tasks", type=int, help="only the first N tasks by id (demos)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """The run for parsed arguments (shared with submission.main, whose extra flags must be unset)."""
+    from submission.grid.workers import Coordinator
+    from submission.main import start_watchdog
+
+    if getattr(args, "resume", False):
+        print("error: the grid line cannot --resume yet", file=sys.stderr)
+        return 2
+    try:
+        profile: GridProfile = load_grid_profile(args.profile)
+        if args.model:
+            profile = replace(profile, model=replace(profile.model, path=str(args.model)))
+        if args.deadline:
+            profile = replace(profile, run=replace(profile.run, time_limit_s=args.deadline))
+        tasks = load_tasks(args.tasks, args.solutions)
+        if args.max_tasks:
+            kept = tasks.tasks[:args.max_tasks]
+            tasks = TaskSet(kept, tuple(e for e in tasks.errors if e.task_id < (kept[-1].id if kept else "")))
+    except (ProfileError, LoadError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if not profile.model.path:
+        print(f"error: profile {profile.name}: model.path is empty; pass --model DIR", file=sys.stderr)
+        return 2
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "DO_NOT_TRACK"):
+        os.environ.setdefault(name, "1")
+    start_watchdog(profile.run.time_limit_s, profile.run.hard_stop)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for error in tasks.errors:
+        print(f"skipped (answered [[0]]): {error}", file=sys.stderr)
+    coordinator = Coordinator(profile, tasks, args.out, args.log)
+    stats = coordinator.run()
+    answered = sum(1 for pair in coordinator.answers.answers.values() if pair[0] != ((0,),))
+    print(f"tasks done: {len(stats.done)} of {len(tasks.tasks)}; failed: {len(stats.failed)}; "
+          f"workers lost: {len(stats.lost)}; test inputs with an answer: {answered} of "
+          f"{sum(tasks.test_counts().values())}; time used: {coordinator.clock():.0f} s")
+    labels = {t.id: t.test_outputs for t in tasks.tasks if t.test_outputs is not None}
+    if labels:
+        report = score(render_submission(coordinator.answers.test_counts, coordinator.answers.answers), labels)
+        print(f"score: task-weighted {report.task_weighted:.2f}, input-weighted {report.input_weighted:.2f}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

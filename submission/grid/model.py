@@ -1,0 +1,74 @@
+"""The grid model in transformers: loading, the search's `Stepper` with a rolled-back KV cache, answer likelihoods.
+
+Torch and transformers are imported here only, so the policy modules (format, dfs, rescore, queue) stay importable
+and testable without them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from submission.grid.format import VOCAB
+
+
+def load_model(model_dir: str | Path, dtype: str = "bfloat16", device: str = "cpu"):
+    """A checkpoint made by build.grid_vocab, in eval mode; refuses any other vocabulary."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device)
+    if model.config.vocab_size != VOCAB:
+        raise ValueError(f"{model_dir}/config.json: vocab_size is {model.config.vocab_size}, the grid line needs "
+                         f"{VOCAB} (cut the checkpoint with python -m build.grid_vocab)")
+    return model.eval()
+
+
+class HFStepper:
+    """`dfs.Stepper` over a transformers causal LM: one DynamicCache, extended per token and cropped on return."""
+
+    def __init__(self, model):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.cache = None
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @torch.no_grad()
+    def _run(self, ids: Sequence[int]) -> np.ndarray:
+        from transformers import DynamicCache
+
+        if self.cache is None:
+            self.cache = DynamicCache(config=self.model.config)
+        x = torch.tensor([list(ids)], device=self.device)
+        out = self.model(input_ids=x, past_key_values=self.cache, use_cache=True)
+        self._length += len(ids)
+        return torch.log_softmax(out.logits[0, -1].float(), -1).cpu().numpy()
+
+    def prefill(self, ids: Sequence[int]) -> np.ndarray:
+        self.cache, self._length = None, 0
+        return self._run(ids)
+
+    def push(self, token: int) -> np.ndarray:
+        return self._run([token])
+
+    def truncate(self, length: int) -> None:
+        # a negative crop removes that many tokens; the positive form (a target length) is deprecated in 5.x
+        if length < self._length:
+            self.cache.crop(length - self._length)
+        self._length = length
+
+
+@torch.no_grad()
+def answer_nll(model, ids: Sequence[int], answer_len: int) -> float:
+    """Negative log-likelihood (nats, float32 sum) of the last `answer_len` tokens of `ids` given the rest."""
+    device = next(model.parameters()).device
+    x = torch.tensor([list(ids)], device=device)
+    logp = torch.log_softmax(model(input_ids=x).logits[0, -answer_len - 1:-1].float(), -1)
+    target = x[0, -answer_len:]
+    return float(-logp.gather(1, target[:, None]).sum())

@@ -1,0 +1,84 @@
+"""The grid line's shared task queue: cheapest task first, a time limit per task, retries, failing workers.
+
+Pure policy (STYLE 1): the coordinator passes `now` in and reports what happened; nothing here touches a process
+or a clock. A task's cost is its token count under the grid format times its test inputs (what TTT and search
+scale with). Each task's time limit is the remaining budget shared among the queued tasks and the live workers,
+clamped to [min_task_s, max_task_s] and never beyond the hard stop. A task whose worker dies or fails is put back at
+the front once (`max_tries` = 2), for another worker if one is live; a worker that fails `max_failures` tasks in
+a row is retired, and the others take the queue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from submission.grid.format import encode
+from submission.tasks import Task
+
+
+def task_cost(task: Task) -> int:
+    return len(encode(task.train, task.test_inputs[0], max_len=1 << 30).ids) * len(task.test_inputs)
+
+
+def time_limit(remaining_s: float, queued: int, workers: int, lo: float, hi: float) -> float:
+    """A fair share of what is left: remaining x workers / queued, within [lo, hi], never past the end."""
+    share = remaining_s * max(workers, 1) / max(queued, 1)
+    return max(0.0, min(max(lo, min(share, hi)), remaining_s))
+
+
+@dataclass
+class TaskQueue:
+    costs: dict[str, int]
+    min_task_s: float
+    max_task_s: float
+    max_failures: int = 3
+    max_tries: int = 2
+    pending: list[str] = field(default_factory=list)
+    tries: dict[str, int] = field(default_factory=dict)
+    streak: dict[int, int] = field(default_factory=dict)  # consecutive failures per worker
+    retired: set[int] = field(default_factory=set)
+    given_up: list[str] = field(default_factory=list)
+    last_worker: dict[str, int] = field(default_factory=dict)  # who tried each task last
+
+    def __post_init__(self) -> None:
+        self.pending = sorted(self.costs, key=lambda t: (self.costs[t], t))
+
+    def next(self, worker: int, now: float, stop_new: float, hard_stop: float, live_workers: int,
+             running: int = 0) -> tuple[str, float] | None:
+        """The task for an idle worker and its time limit, or None (nothing left, retired, or too late)."""
+        if worker in self.retired or not self.pending or now >= stop_new:
+            return None
+        # a retried task goes to another worker when there is one
+        mine = [t for t in self.pending if self.last_worker.get(t) != worker or live_workers <= 1]
+        if not mine:
+            return None
+        task_id = mine[0]
+        self.pending.remove(task_id)
+        self.last_worker[task_id] = worker
+        self.tries[task_id] = self.tries.get(task_id, 0) + 1
+        limit = time_limit(hard_stop - now, len(self.pending) + 1 + running, live_workers, self.min_task_s,
+                           self.max_task_s)
+        return task_id, limit
+
+    def done(self, worker: int, task_id: str) -> None:
+        self.streak[worker] = 0
+
+    def failed(self, worker: int, task_id: str) -> bool:
+        """A task the worker could not finish; True if the worker is now retired."""
+        self.streak[worker] = self.streak.get(worker, 0) + 1
+        self._retry(task_id)
+        if self.streak[worker] >= self.max_failures:
+            self.retired.add(worker)
+        return worker in self.retired
+
+    def lost(self, worker: int, task_id: str | None) -> None:
+        """The worker's process died: it is retired and its task goes back to the front of the queue."""
+        self.retired.add(worker)
+        if task_id is not None:
+            self._retry(task_id)
+
+    def _retry(self, task_id: str) -> None:
+        if self.tries.get(task_id, 0) < self.max_tries:
+            self.pending.insert(0, task_id)
+        else:
+            self.given_up.append(task_id)

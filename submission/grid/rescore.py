@@ -1,0 +1,113 @@
+"""Views for the search and the rescoring, and the choice of the two attempts (SPEC section 10).
+
+The search runs each test input under 16 views (8 dihedral transforms x 2 colour permutations, the first the
+identity); every answer it finds is mapped back to the original frame, so one grid found in several views counts
+several `hits`. Each distinct grid is then scored under 8 fresh views (one per dihedral transform, each with its own
+permutation of all ten colours and demonstration order, seeded by the task id): `nll` is the mean over those views
+of the grid's summed negative log-likelihood (nats, its <eos> included). A grid the model likes in every frame is
+more likely right than one it found by chance in one. score = hits - nll, in float32; the top two are the
+attempts. All of this is pure: the likelihood comes in as a function.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from submission.grid.format import encode, grid_ids
+from submission.grids import EMPTY_ANSWER, Grid, to_grid, to_json
+from submission.tasks import Task
+from submission.views import IDENTITY_COLOURS, View, colour_permutation
+
+
+@dataclass(frozen=True)
+class Candidate:
+    grid: Grid  # in the task's own frame
+    hits: int  # search views that found it
+    nll: float  # mean over the rescoring views
+
+    @property
+    def score(self) -> float:
+        return float(np.float32(self.hits) - np.float32(self.nll))
+
+    def to_json(self) -> dict:
+        return {"grid": to_json(self.grid), "hits": self.hits, "nll": self.nll, "score": self.score}
+
+    @classmethod
+    def from_json(cls, raw: dict) -> Candidate:
+        return cls(to_grid(raw["grid"]), int(raw["hits"]), float(raw["nll"]))
+
+
+def _rng(task_id: str, seed: int, purpose: str) -> random.Random:
+    return random.Random(f"{purpose}:{seed}:{task_id}")
+
+
+def search_views(task: Task, dihedrals: int = 8, colour_perms: int = 2, seed: int = 0) -> list[View]:
+    """`dihedrals` x `colour_perms` views; the first colour permutation is the identity, the others permute all ten
+    colours; demonstrations are shuffled in every view but the plain one."""
+    rng = _rng(task.id, seed, "search")
+    perms = [IDENTITY_COLOURS] + [colour_permutation(rng, keep_zero=False) for _ in range(colour_perms - 1)]
+    views = []
+    for colours in perms:
+        for k in range(dihedrals):
+            order = list(range(len(task.train)))
+            if k or colours != IDENTITY_COLOURS:
+                rng.shuffle(order)
+            views.append(View(k, colours, tuple(order)))
+    return views
+
+
+def rescoring_views(task: Task, count: int = 8, seed: int = 0) -> list[View]:
+    """Fresh views: dihedral transform i % 8, a permutation of all ten colours and an order each, seeded per task."""
+    rng = _rng(task.id, seed, "rescore")
+    views = []
+    for i in range(count):
+        order = list(range(len(task.train)))
+        rng.shuffle(order)
+        views.append(View(i % 8, colour_permutation(rng, keep_zero=False), tuple(order)))
+    return views
+
+
+NLL = Callable[[Sequence[int], int], float]  # (token ids, answer length) -> summed NLL of the last tokens
+
+
+def rescore(task: Task, test_index: int, hits: dict[Grid, int], views: Sequence[View], nll: NLL,
+            max_len: int, deadline: float = math.inf, clock: Callable[[], float] = lambda: 0.0) -> list[Candidate]:
+    """Each found grid with its hits and its mean NLL under `views`, best first. View by view, all candidates at
+    once: at the deadline the views finished so far are the mean for every candidate alike (none: nll 0)."""
+    grids = list(hits)
+    totals = np.zeros(len(grids), np.float32)
+    done = 0
+    for view in views:
+        shown = view.apply(task)
+        scores = np.zeros(len(grids), np.float32)
+        for i, grid in enumerate(grids):
+            if clock() >= deadline:
+                break
+            answer = view.apply_grid(grid)
+            encoded = encode(shown.train, shown.test_inputs[test_index], answer, max_len)
+            scores[i] = np.float32(nll(encoded.ids, len(grid_ids(answer)) + 1))
+        else:
+            totals += scores
+            done += 1
+            continue
+        break  # the deadline cut this view short: it does not count
+    return rank([Candidate(g, hits[g], float(t / np.float32(max(done, 1)))) for g, t in zip(grids, totals)])
+
+
+def rank(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """Best first: highest score, then most hits, then the grid itself (a stable order for equal scores)."""
+    return sorted(candidates, key=lambda c: (-c.score, -c.hits, c.grid))
+
+
+def choose(candidates: Sequence[Candidate]) -> tuple[Grid, Grid]:
+    """The two attempts: the two best distinct grids; the second repeats the first when there is one, [[0]] twice
+    when there is none."""
+    ranked = rank(candidates)
+    if not ranked:
+        return EMPTY_ANSWER, EMPTY_ANSWER
+    return ranked[0].grid, ranked[1].grid if len(ranked) > 1 else ranked[0].grid

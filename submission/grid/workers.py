@@ -1,0 +1,207 @@
+"""Workers on a shared queue: one process per device, one coordinator that owns the queue, the log and the answers.
+
+Each worker loads the grid model once, wraps it with the task adapter once, and then solves the tasks it is sent
+(`solve.solve_task`), reporting `started` / `done` / `failed` on one shared result queue. The coordinator is the
+only writer: it appends each task's records to the attempt log and rewrites the answer file atomically after every
+task. It watches the workers: a process that dies (killed, out of memory) or overruns its task's limit by more than
+`GRACE_S` is retired and its task goes back to the front of the queue for another worker (once); a worker that
+fails `run.max_failures` tasks in a row is told to exit. A worker whose coordinator is gone exits when idle. No task
+starts after `run.stop_new`; at the hard stop every worker is terminated and the answers so far stand.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue as queue_module
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from submission.answers import AnswerFile
+from submission.attempts import AttemptLog, AttemptRecord
+from submission.grid.config import GridProfile
+from submission.grid.queue import TaskQueue, task_cost
+from submission.grid.rescore import choose
+from submission.grid.solve import TaskOutcome
+from submission.grids import EMPTY_ANSWER
+from submission.schedule import Level
+from submission.tasks import Task, TaskSet
+
+GRACE_S = 30.0  # a task may overrun its limit by one model step; a worker this far past it is stuck
+
+
+def worker_main(worker: int, profile: GridProfile, inbox, outbox) -> None:
+    """A worker process: load once, then solve tasks from `inbox` until told to stop (None) or orphaned."""
+    import torch
+
+    from submission.grid.model import load_model
+    from submission.grid.solve import solve_task
+    from submission.grid.ttt import Adapter
+
+    if profile.run.threads:
+        torch.set_num_threads(profile.run.threads)
+    parent = os.getppid()
+    device = profile.run.devices[worker]
+    try:
+        adapter = Adapter(load_model(profile.model.path, profile.model.dtype, device), profile.ttt)
+    except Exception as err:  # noqa: BLE001 - reported, then the worker is gone
+        outbox.put(("dead", worker, None, f"{type(err).__name__}: {err}"))
+        return
+    outbox.put(("ready", worker, None, None))
+    while True:
+        try:
+            message = inbox.get(timeout=1.0)
+        except queue_module.Empty:
+            if os.getppid() != parent:
+                return
+            continue
+        if message is None:
+            return
+        task, limit = message
+        outbox.put(("started", worker, task.id, None))
+        try:
+            outbox.put(("done", worker, task.id, solve_task(adapter, task, profile, profile.run.context(worker),
+                                                            limit)))
+        except Exception as err:  # noqa: BLE001 - one task's failure is reported, the worker goes on
+            outbox.put(("failed", worker, task.id, f"{type(err).__name__}: {err}"))
+
+
+def records(outcome: TaskOutcome, worker: int, limit: float, started_s: float, finished_s: float,
+            seed: int) -> list[AttemptRecord]:
+    """The log lines of one finished task: per test input, attempts 1 and 2; attempt 1 carries every candidate
+    with its hits, NLL and score, the seconds by stage and the training and search counts."""
+    out = []
+    for index, candidates in enumerate(outcome.candidates):
+        first, second = choose(candidates)
+        detail = {"worker": worker, "time_limit_s": limit, "stage_s": outcome.stage_s,
+                  "ttt_steps": outcome.ttt_steps, "ttt_planned": outcome.ttt_planned,
+                  "ttt_loss": [outcome.ttt_losses[0], outcome.ttt_losses[-1]] if outcome.ttt_losses else [],
+                  "search_steps": outcome.search_steps, "complete": outcome.complete,
+                  "candidates": [c.to_json() for c in candidates]}
+        for attempt, grid in ((1, first), (2, second)):
+            out.append(AttemptRecord(outcome.task_id, index, attempt, Level(attempt - 1), seed, 0,
+                                     grid=grid if candidates else None,
+                                     parse_error=None if candidates else "the search found no answer",
+                                     started_s=started_s, finished_s=finished_s, finish="grid",
+                                     grid_line=detail if attempt == 1 else {"worker": worker}))
+    return out
+
+
+@dataclass
+class RunStats:
+    done: list[str] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    lost: list[tuple[int, str | None]] = field(default_factory=list)  # (worker, its task) of dead workers
+    by_worker: dict[str, int] = field(default_factory=dict)  # task id -> the worker that finished it
+
+
+class Coordinator:
+    """Runs the queue to the end or the hard stop. `on_event(kind, worker, task_id, process)` is called for every
+    worker message (tests use it to kill a worker mid-task)."""
+
+    def __init__(self, profile: GridProfile, tasks: TaskSet, out: str | Path, log: str | Path | None = None,
+                 clock: Callable[[], float] | None = None, on_event: Callable | None = None):
+        self.profile, self.tasks, self.on_event = profile, tasks, on_event
+        self.by_id: dict[str, Task] = {t.id: t for t in tasks.tasks}
+        self.answers = AnswerFile(out, tasks.test_counts())
+        self.log = AttemptLog(log) if log else None
+        start = time.monotonic()
+        self.clock = clock or (lambda: time.monotonic() - start)
+        run = profile.run
+        self.queue = TaskQueue({t.id: task_cost(t) for t in tasks.tasks}, run.min_task_s, run.max_task_s,
+                               run.max_failures)
+        self.stats = RunStats()
+
+    def run(self) -> RunStats:
+        run = self.profile.run
+        context = mp.get_context("spawn")
+        outbox = context.Queue()
+        inboxes = [context.Queue() for _ in run.devices]
+        processes = [context.Process(target=worker_main, args=(w, self.profile, inboxes[w], outbox), daemon=True)
+                     for w in range(len(run.devices))]
+        for process in processes:
+            process.start()
+        ready: set[int] = set()
+        busy: dict[int, tuple[str, float, float]] = {}  # worker -> (task id, started, limit)
+        gone: set[int] = set()
+        try:
+            while self.clock() < run.hard_stop:
+                live = [w for w in range(len(processes)) if w not in gone and w not in self.queue.retired]
+                for w in sorted(ready - set(busy) - gone):
+                    nxt = self.queue.next(w, self.clock(), run.stop_new, run.hard_stop, len(live), len(busy))
+                    if nxt is not None:
+                        busy[w] = (nxt[0], self.clock(), nxt[1])
+                        inboxes[w].put((self.by_id[nxt[0]], nxt[1]))
+                if not busy and (not self.queue.pending or not live or self.clock() >= run.stop_new):
+                    break
+                try:
+                    kind, w, task_id, payload = outbox.get(timeout=0.2)
+                except queue_module.Empty:
+                    kind = None
+                if kind is not None:
+                    self._event(kind, w, task_id, payload, busy, ready, gone, processes[w])
+                    if kind == "failed" and w in self.queue.retired:
+                        inboxes[w].put(None)
+                for w, process in enumerate(processes):  # dead or stuck workers give their task back
+                    if w in gone:
+                        continue
+                    stuck = w in busy and self.clock() > busy[w][1] + busy[w][2] + GRACE_S
+                    if not process.is_alive() or stuck:
+                        if stuck:
+                            process.kill()
+                        gone.add(w)
+                        task = busy.pop(w, (None,))[0]
+                        if w in self.queue.retired and task is None:
+                            continue  # a retired worker that exited as told
+                        self.queue.lost(w, task)
+                        self.stats.lost.append((w, task))
+                        print(f"worker {w} {'stuck' if stuck else 'died'}"
+                              f"{f' on task {task}: it goes back to the queue' if task else ''}", file=sys.stderr)
+        finally:  # idle workers are told to stop; busy ones are past the hard stop or the queue's end: killed
+            for w, inbox in enumerate(inboxes):
+                if w in busy:
+                    processes[w].kill()
+                elif processes[w].is_alive():
+                    inbox.put(None)
+            for process in processes:
+                process.join(timeout=5)
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+            if self.log is not None:
+                self.log.close()
+        return self.stats
+
+    def _event(self, kind: str, w: int, task_id: str | None, payload, busy: dict, ready: set, gone: set,
+               process) -> None:
+        if self.on_event is not None:
+            self.on_event(kind, w, task_id, process)
+        if kind == "ready":
+            ready.add(w)
+        elif kind == "dead":
+            print(f"worker {w} could not start: {payload}", file=sys.stderr)
+            gone.add(w)
+            self.queue.lost(w, None)
+        elif kind == "failed":
+            busy.pop(w, None)
+            self.stats.failed.append((task_id, payload))
+            print(f"task {task_id} failed on worker {w}: {payload}", file=sys.stderr)
+            self.queue.failed(w, task_id)
+        elif kind == "done":
+            _, started, limit = busy.pop(w)
+            self.queue.done(w, task_id)
+            self.stats.done.append(task_id)
+            self.stats.by_worker[task_id] = w
+            for record in records(payload, w, limit, started, self.clock(), self.profile.rescore.seed):
+                if self.log is not None:
+                    self.log.append(record)
+                if record.attempt == 1:
+                    first = record
+                else:
+                    self.answers.update(task_id, record.test_index,
+                                        (first.grid or EMPTY_ANSWER, record.grid or EMPTY_ANSWER))
+            print(f"task {task_id}: worker {w}, {self.clock() - started:.1f} s of {limit:.0f} "
+                  f"({len(self.stats.done)}/{len(self.by_id)} done)", file=sys.stderr)

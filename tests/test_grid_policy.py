@@ -1,0 +1,116 @@
+"""The grid line's pure policy: the shared queue (order, time limits, retries, failing workers), the views of
+search and rescoring, and the choice of attempts by hits - NLL."""
+
+from __future__ import annotations
+
+import pytest
+
+from submission.grid.config import load_grid_profile
+from submission.grid.queue import TaskQueue, task_cost, time_limit
+from submission.grid.rescore import Candidate, choose, rescore, rescoring_views, search_views
+from submission.grids import EMPTY_ANSWER
+from submission.tasks import load_tasks
+
+
+@pytest.fixture(scope="module")
+def tasks(arc_data):
+    return load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks[:12]
+
+
+def test_queue_serves_cheapest_first_and_shares_the_time(tasks):
+    costs = {t.id: task_cost(t) for t in tasks}
+    queue = TaskQueue(costs, min_task_s=1200, max_task_s=3000)
+    order = []
+    while (nxt := queue.next(0, now=0, stop_new=1e9, hard_stop=1e9, live_workers=4)) is not None:
+        order.append(nxt[0])
+    assert [costs[t] for t in order] == sorted(costs.values()) and len(order) == len(tasks)
+    assert time_limit(12 * 3600, queued=100, workers=4, lo=1200, hi=3000) == 12 * 3600 * 4 / 100
+    assert time_limit(12 * 3600, queued=240, workers=4, lo=1200, hi=3000) == 1200  # 720 s share, clamped
+    assert time_limit(12 * 3600, queued=10, workers=4, lo=1200, hi=3000) == 3000
+    assert time_limit(12 * 3600, queued=1000, workers=4, lo=1200, hi=3000) == 1200
+    assert time_limit(600, queued=1000, workers=4, lo=1200, hi=3000) == 600  # never past the end
+
+
+def test_queue_stops_new_tasks_late(tasks):
+    queue = TaskQueue({t.id: task_cost(t) for t in tasks}, 10, 20)
+    assert queue.next(0, now=100, stop_new=100, hard_stop=200, live_workers=2) is None
+
+
+def test_lost_and_failed_tasks_go_back_once_and_failing_workers_retire(tasks):
+    queue = TaskQueue({t.id: task_cost(t) for t in tasks[:4]}, 10, 20, max_failures=3)
+    first, _ = queue.next(0, 0, 1e9, 1e9, 2)
+    queue.lost(0, first)  # its worker died: the task is the next one served, to another worker
+    assert 0 in queue.retired and queue.next(0, 0, 1e9, 1e9, 1) is None
+    again, _ = queue.next(1, 0, 1e9, 1e9, 1)
+    assert again == first
+    assert not queue.failed(1, again)  # failed on its second try: given up
+    assert queue.given_up == [first] and first not in queue.pending
+    for _ in range(2):
+        task, _ = queue.next(1, 0, 1e9, 1e9, 1)
+        retired = queue.failed(1, task)
+    assert retired and 1 in queue.retired  # three failures in a row
+    queue2 = TaskQueue({t.id: task_cost(t) for t in tasks[:4]}, 10, 20, max_failures=3)
+    for _ in range(2):
+        queue2.failed(0, queue2.next(0, 0, 1e9, 1e9, 1)[0])
+    queue2.done(0, queue2.next(0, 0, 1e9, 1e9, 1)[0])  # a success resets the streak
+    assert not queue2.failed(0, queue2.next(0, 0, 1e9, 1e9, 1)[0])
+
+
+def test_views_are_deterministic_per_task_and_cover_the_group(tasks):
+    task = tasks[0]
+    views = search_views(task, 8, 2, seed=0)
+    assert len(views) == 16 and views[0].is_identity
+    assert sorted(v.dihedral for v in views) == sorted(list(range(8)) * 2)
+    assert len({v.colours for v in views}) == 2
+    assert views == search_views(task, 8, 2, seed=0) and views != search_views(task, 8, 2, seed=1)
+    fresh = rescoring_views(task, 8, seed=0)
+    assert sorted(v.dihedral for v in fresh) == list(range(8)) and len({v.colours for v in fresh}) == 8
+    assert rescoring_views(tasks[1], 8, 0)[0].colours != fresh[0].colours or tasks[1].id == task.id
+
+
+def test_score_is_hits_minus_nll_and_the_top_two_are_the_attempts():
+    a, b, c = ((1,),), ((2,),), ((3, 3),)
+    cands = [Candidate(a, hits=2, nll=0.5), Candidate(b, hits=5, nll=4.0), Candidate(c, hits=3, nll=0.1)]
+    assert [x.score for x in cands] == [1.5, 1.0, pytest.approx(2.9)]
+    assert choose(cands) == (c, a)
+    assert choose(cands[:1]) == (a, a) and choose([]) == (EMPTY_ANSWER, EMPTY_ANSWER)
+    assert Candidate.from_json(cands[2].to_json()) == cands[2]
+
+
+def test_rescore_maps_each_candidate_into_every_view(tasks):
+    """The likelihood function sees the candidate in each view's frame: a fake that rewards only the true output
+    (as each view shows it) ranks the label first."""
+    task = load_tasks_with_labels(tasks)
+    label = task.test_outputs[0]
+    wrong = tuple(tuple((c + 1) % 10 for c in row) for row in label)
+    views = rescoring_views(task, 8, 0)
+    expected = {tuple(v.apply_grid(label)) for v in views}
+    from submission.grid.format import decode_grid
+
+    def nll(ids, n):
+        return 0.0 if decode_grid(list(ids[-n:])) in expected else 7.0
+
+    ranked = rescore(task, 0, {wrong: 3, label: 1}, views, nll, max_len=1 << 20)
+    assert [c.grid for c in ranked] == [label, wrong] and ranked[0].nll == 0.0 and ranked[1].nll == 7.0
+
+
+def load_tasks_with_labels(tasks):
+    return next(t for t in tasks if t.test_outputs is not None)
+
+
+def test_shipped_grid_profiles_load():
+    from submission.grid import is_grid_profile
+
+    assert is_grid_profile("grid-tiny") and not is_grid_profile("cpu-tiny")  # what submission.main dispatches on
+    profile = load_grid_profile("grid-tiny")
+    assert profile.run.devices == ("cpu", "cpu") and profile.run.context(5) == profile.run.max_len[-1]
+    study = load_grid_profile("grid-4b-4xL4")  # SPEC section 10's numbers
+    assert (study.ttt.rank, study.ttt.alpha, study.ttt.sequences, study.ttt.lr) == (256, 32, 128, 5e-5)
+    search = study.search
+    assert (search.cutoff, search.dihedrals * search.colour_perms, study.rescore.views) == (0.2, 16, 8)
+    assert study.run.max_len == (13312, 12288, 10240, 8192) and len(study.run.devices) == 4
+    with pytest.raises(ValueError, match="unknown key"):
+        from submission.config import _build
+        from submission.grid.config import GridProfile
+
+        _build(GridProfile, {"search": {"cut_off": 0.2}}, "x.toml")

@@ -1,0 +1,69 @@
+"""The grid line's workers as real processes: two CPU workers on a tiny grid model, one killed mid-task.
+
+The killed worker's task must be finished by the other worker, every task must be answered in the log, and the
+answer file must be complete, valid JSON throughout (it is rewritten atomically after every task).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from dataclasses import replace
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from submission.attempts import read_log  # noqa: E402
+from submission.grid.config import load_grid_profile  # noqa: E402
+from submission.grid.queue import task_cost  # noqa: E402
+from submission.tasks import TaskSet, load_tasks  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def grid_model(tmp_path_factory):
+    from build.grid_vocab import cut
+    from build.tiny import make_checkpoint
+
+    root = tmp_path_factory.mktemp("grid-workers")
+    return cut(make_checkpoint(root / "base", "qwen3", seed=4), root / "grid")
+
+
+def test_a_killed_worker_loses_nothing(grid_model, arc_data, tmp_path):
+    from submission.grid.workers import Coordinator
+
+    every = load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks
+    tasks = TaskSet(tuple(sorted(every, key=task_cost)[:4]), ())
+    profile = load_grid_profile("grid-tiny")
+    profile = replace(profile, model=replace(profile.model, path=str(grid_model)),
+                      ttt=replace(profile.ttt, sequences=2),
+                      search=replace(profile.search, dihedrals=1, colour_perms=2, batch_s=2.0),
+                      rescore=replace(profile.rescore, views=1),
+                      run=replace(profile.run, time_limit_s=400.0, min_task_s=4.0, max_task_s=8.0))
+    out = tmp_path / "submission.json"
+    killed: list[str] = []
+    snapshots: list[dict] = []
+
+    def on_event(kind, worker, task_id, process):
+        snapshots.append(json.loads(out.read_text()))  # valid JSON whenever the coordinator looks
+        if kind == "started" and worker == 0 and not killed:
+            killed.append(task_id)
+            os.kill(process.pid, signal.SIGKILL)  # mid-task: it has just started its test-time training
+
+    coordinator = Coordinator(profile, tasks, out, tmp_path / "attempts.jsonl", on_event=on_event)
+    stats = coordinator.run()
+    assert stats.lost == [(0, killed[0])]
+    assert sorted(stats.done) == sorted(t.id for t in tasks.tasks)
+    assert stats.by_worker[killed[0]] == 1  # the other worker took it
+    answer = json.loads(out.read_text())
+    assert sorted(answer) == sorted(t.id for t in tasks.tasks)
+    for task in tasks.tasks:
+        assert len(answer[task.id]) == len(task.test_inputs)
+    records = read_log(tmp_path / "attempts.jsonl")
+    assert len(records) == 2 * sum(len(t.test_inputs) for t in tasks.tasks)
+    firsts = [r for r in records if r.attempt == 1]
+    assert all("candidates" in r.grid_line and "stage_s" in r.grid_line for r in firsts)
+    assert all(r.grid is not None or r.parse_error for r in records)
+    assert len(snapshots) >= 2 * len(tasks.tasks)

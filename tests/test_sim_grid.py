@@ -1,0 +1,59 @@
+"""The grid-line forecast: logged tasks read back from attempt records, the queue on a simulated clock."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from sim.grid import logged_tasks, main, one_run
+from submission.attempts import AttemptLog, AttemptRecord
+from submission.grid.config import load_grid_profile
+from submission.schedule import Level
+from submission.tasks import load_tasks
+
+
+@pytest.fixture(scope="module")
+def tasks(arc_data):
+    return load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks[:6]
+
+
+def _records(tasks):
+    """Tasks 0, 2, 4 answered right by attempt 2; each used 90% of a 2,000 s limit."""
+    out = []
+    for n, task in enumerate(tasks):
+        for index, label in enumerate(task.test_outputs):
+            detail = {"time_limit_s": 2000.0, "stage_s": {"ttt": 800.0, "search": 700.0, "rescore": 300.0}}
+            out.append(AttemptRecord(task.id, index, 1, Level.FIRST, 0, 0, grid=((0,),), grid_line=detail))
+            out.append(AttemptRecord(task.id, index, 2, Level.SECOND, 0, 0, grid=label if n % 2 == 0 else ((1,),),
+                                     grid_line={"worker": 0}))
+    return out
+
+
+def test_logged_tasks_read_right_answers_and_time(tasks):
+    logged = logged_tasks(_records(tasks), {t.id: t for t in tasks})
+    assert [t.right for t in logged] == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    assert all(t.used == pytest.approx(0.9) for t in logged)
+
+
+def test_the_deadline_decides_how_many_tasks_are_answered(tasks):
+    logged = logged_tasks(_records(tasks), {t.id: t for t in tasks})
+    profile = load_grid_profile("grid-4b-4xL4")  # 4 workers, 12 h, limits 1,200-3,000 s
+    roomy = one_run(logged, profile, 40, random.Random(0))
+    assert roomy.answered == 40 and roomy.score in {100 * k / 40 for k in range(41)}
+    short = replace(profile, run=replace(profile.run, time_limit_s=3 * 3600.0))
+    tight = one_run(logged, short, 240, random.Random(0))
+    # 4 workers x (3 h - 7 min) at >= 1,200 s x 0.9 per task: at most ~38 tasks
+    assert 0 < tight.answered <= 4 * (3 * 3600 - 420) / (1200 * 0.9) + 4
+
+
+def test_command_line(tasks, tmp_path, capsys, arc_data):
+    log = AttemptLog(tmp_path / "attempts.jsonl")
+    for record in _records(tasks):
+        log.append(record)
+    log.close()
+    assert main(["--log", str(tmp_path / "attempts.jsonl"), "--tasks", str(arc_data / "arc-agi-2" / "evaluation"),
+                 "--hidden-tasks", "24", "--runs", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "forecast score" in out and "answered by the deadline 24.0 of 24" in out and "ttt 800.0" in out
