@@ -75,10 +75,12 @@ demo: env
 	    --out $(OUT)/demo/submission.json
 
 # Forecast a 12-hour hidden-set run (240 tasks) of the moe-4xL4 profile from the shipped example log (synthetic:
-# see sim/example_log.py), compare it with dense-27b-4xL4, and plot one run's timeline.
+# see sim/example_log.py), compare it with dense-27b-4xL4 and with first-in first-out second attempts, and plot one
+# run's timeline.
 simulate: env
 	$(PY) -m sim forecast --log sim/data/example_attempts.jsonl --tasks $(ARC_DATA)/arc-agi-2/evaluation \
-	    --profile moe-4xL4 --hidden-tasks 240 --runs 50 --sensitivity --sweep dense-27b-4xL4 --out $(OUT)/simulate
+	    --profile moe-4xL4 --hidden-tasks 240 --runs 50 --sensitivity --sweep dense-27b-4xL4 --compare-fifo \
+	    --out $(OUT)/simulate
 
 # Expert pruning end to end on a tiny Qwen3-MoE: traces from real ARC tasks through the solver's prompt renderer,
 # routing statistics, expert lists and their report, the pruned checkpoint.

@@ -2,7 +2,7 @@
 
     python -m sim forecast --log attempts.jsonl [--log more.jsonl] --tasks DIR [--solutions PATH] --profile NAME
                            [--serving FILE] [--hidden-tasks 240] [--runs 50] [--sensitivity] [--sweep P1,P2]
-                           [--out DIR]
+                           [--compare-fifo] [--out DIR]
     python -m sim calibrate --stats attempts.stats.jsonl --profile NAME [--out serving.toml]
     python -m sim backtest LOG --tasks DIR [--solutions PATH] --profile NAME [--serving FILE]
 
@@ -18,6 +18,7 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from sim.backtest import backtest
@@ -76,6 +77,11 @@ def cmd_forecast(args: argparse.Namespace) -> int:
         print(report)
         print(f"  ({args.runs} runs simulated in {elapsed:.1f} s)")
         print(f"report: {out / 'report.txt'}\ntimeline plot: {png}")
+    if args.compare_fifo:  # the same profile with second attempts first in, first out (same seeds: paired)
+        profile = load_profile(args.profile)
+        fifo = replace(profile.schedule, second_by_confidence=False)
+        result = forecast(fifo, inputs, truth, pool, _serving_for(args, args.profile), runs=args.runs)
+        rows.insert(1, (f"{args.profile} FIFO 2nd", result, len(inputs)))
     if len(rows) > 1:
         table = sweep_table(rows)
         (out / "sweep.txt").write_text(table + "\n")
@@ -127,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--forced-accuracy", type=float, default=0.08)
     f.add_argument("--sensitivity", action="store_true")
     f.add_argument("--sweep", help="more profiles to compare, comma-separated")
+    f.add_argument("--compare-fifo", action="store_true",
+                   help="also forecast the profile with second attempts first in, first out")
     f.add_argument("--out", default="out/simulate")
     c = sub.add_parser("calibrate", help="fit the serving model to a run's per-window engine statistics")
     c.add_argument("--stats", required=True, type=Path)
