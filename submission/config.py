@@ -49,6 +49,12 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # "fp8" uses the checkpoint's k_scale / v_scale
     kv_cache_memory_bytes: int = 0  # per GPU; 0: the engine's default share of memory
     mtp_speculative_tokens: int = 0  # multi-token prediction draft length; 0 = off
+    draft_sample_method: str = "greedy"  # vLLM's speculative draft_sample_method: "greedy" or "probabilistic"
+    pp_layer_partition: str = ""  # layers per pipeline stage, e.g. "25,23" (vLLM's VLLM_PP_LAYER_PARTITION); "" = even
+    disable_custom_all_reduce: bool = False  # vLLM's flag: NCCL's all-reduce instead of vLLM's custom kernel
+    prefix_caching: str = "auto"  # "auto" = vLLM's default for the model, "on", "off"
+    indexer_kv_dtype: str = "auto"  # vLLM's attention_config.indexer_kv_dtype (sparse-attention indexers only)
+    max_num_batched_tokens: int = 0  # tokens per engine step (chunked prefill); 0 = vLLM's default
     stats_window_s: float = 10.0  # throughput statistics window (tokens generated, running requests)
     replay_time_scale: float = 1.0  # replay engine: logged durations are multiplied by this (0 = instant)
 
@@ -59,6 +65,11 @@ class EngineConfig:
         # program then ends at its fence (at most program_max_chars) or, for very long non-ASCII text, at this limit.
         if self.answer_max_tokens < 1900:
             raise ValueError("engine.answer_max_tokens must leave room for a 30x30 grid (1,900 tokens)")
+        if self.prefix_caching not in ("auto", "on", "off"):
+            raise ValueError(f"engine.prefix_caching must be auto, on or off, not {self.prefix_caching!r}")
+        if self.draft_sample_method not in ("greedy", "probabilistic"):
+            raise ValueError(f"engine.draft_sample_method must be greedy or probabilistic, not "
+                             f"{self.draft_sample_method!r}")
 
 
 @dataclass(frozen=True)
@@ -141,7 +152,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
 def profile_to_toml(profile: Profile) -> str:
     """The profile as TOML (for the copy in a run's output folder): every value, defaults included."""
     lines = [f'name = "{profile.name}"']
-    for section in ("engine", "prompt", "schedule", "sandbox", "build"):
+    for section in ("engine", "prompt", "schedule", "sandbox", "tool_agent", "build"):
         lines.append(f"\n[{section}]")
         for key, value in dataclasses.asdict(getattr(profile, section)).items():
             lines.append(f"{key} = {_toml_value(value)}")

@@ -30,6 +30,7 @@ class ToolAgentConfig:
     budget_single: int = 96_000  # tokens per attempt (generated + tool turns) for a task with one test input
     budget_multi: int = 64_000  # the same for a task with several test inputs
     first_thinking: int = 80_000  # the first turn's thinking cap (and at most the scheduler's first-attempt cap)
+    first_thinking_multi: int = 48_000  # the same for a task with several test inputs
     later_thinking: int = 8_000  # each turn after a check, but the last
     final_thinking: int = 4_000  # the turn after the last check
     failing_pairs: int = 2  # demonstrations shown with their expected and produced grids
@@ -38,7 +39,8 @@ class ToolAgentConfig:
     feedback_max_tokens: int = 2_500  # the tool turn's length limit
 
     def __post_init__(self) -> None:
-        if self.checks < 1 or min(self.first_thinking, self.later_thinking, self.final_thinking) < 1:
+        if self.checks < 1 or min(self.first_thinking, self.first_thinking_multi, self.later_thinking,
+                                  self.final_thinking) < 1:
             raise ValueError("tool_agent: checks and the thinking caps must be positive")
 
 
@@ -47,7 +49,8 @@ def turn_cap(config: ToolAgentConfig, turn: int, used: int, single_input: bool, 
     the attempt's budget (tokens `used` so far, plus the answer's `answer_reserve`) cannot hold the turn's cap."""
     budget = config.budget_single if single_input else config.budget_multi
     if turn == 0:
-        return max(1, min(config.first_thinking, budget - answer_reserve))
+        first = config.first_thinking if single_input else config.first_thinking_multi
+        return max(1, min(first, budget - answer_reserve))
     if turn > config.checks:
         return None
     wanted = config.final_thinking if turn == config.checks else config.later_thinking

@@ -34,7 +34,8 @@ def tasks(arc_data):
 
 def test_turn_caps_follow_the_budget():
     assert turn_cap(CONFIG, 0, 0, True, 4000) == 80_000
-    assert turn_cap(CONFIG, 0, 0, False, 4000) == 60_000  # 64K in all for a task with several test inputs
+    assert turn_cap(CONFIG, 0, 0, False, 4000) == 48_000  # SPEC 5: 48K of 64K for a task with several test inputs
+    assert turn_cap(CONFIG, 0, 0, False, 20_000) == 44_000  # the budget still bounds it
     assert turn_cap(CONFIG, 1, 70_000, True, 4000) == 8_000
     assert turn_cap(CONFIG, 1, 85_000, True, 4000) is None  # 85K + 8K + the answer's 4K exceed 96K
     assert turn_cap(CONFIG, 2, 10_000, True, 4000) == 4_000  # after the last check: the final turn
@@ -189,7 +190,8 @@ def test_solver_runs_the_tool_agent_on_the_tiny_model(tmp_path, arc_data):
 
     model = make_checkpoint(tmp_path / "tiny", "qwen3", seed=0)
     profile = (PROFILES / "cpu-tiny.toml").read_text() + (
-        "\n[tool_agent]\nenabled = true\nfirst_thinking = 48\nlater_thinking = 40\nfinal_thinking = 32\n"
+        "\n[tool_agent]\nenabled = true\nfirst_thinking = 48\nfirst_thinking_multi = 48\nlater_thinking = 40\n"
+        "final_thinking = 32\n"
         "budget_single = 20000\nbudget_multi = 20000\n")
     (tmp_path / "agent.toml").write_text(profile)
     log = tmp_path / "attempts.jsonl"

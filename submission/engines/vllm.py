@@ -85,7 +85,21 @@ class VLLMEngine:
         if c.kv_cache_memory_bytes:
             args["kv_cache_memory_bytes"] = c.kv_cache_memory_bytes
         if c.mtp_speculative_tokens:
-            args["speculative_config"] = {"method": "mtp", "num_speculative_tokens": c.mtp_speculative_tokens}
+            args["speculative_config"] = {"method": "mtp", "num_speculative_tokens": c.mtp_speculative_tokens,
+                                          "draft_sample_method": c.draft_sample_method}
+        # The study's layout and caches (profiles/*.toml, docs/conformance.md); unset = vLLM's own default.
+        if c.max_num_batched_tokens:  # the CPU build's whole-prompt prefill above wins
+            args.setdefault("max_num_batched_tokens", c.max_num_batched_tokens)
+        if c.prefix_caching != "auto":
+            args["enable_prefix_caching"] = c.prefix_caching == "on"
+        if c.disable_custom_all_reduce:
+            args["disable_custom_all_reduce"] = True
+        if c.indexer_kv_dtype != "auto":
+            args["attention_config"] = {"indexer_kv_dtype": c.indexer_kv_dtype}
+        if c.pp_layer_partition:  # an environment variable, not an engine argument: the workers read it at start
+            import os
+
+            os.environ["VLLM_PP_LAYER_PARTITION"] = c.pp_layer_partition
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=[self._stat_logger()])
 
     async def generate(self, request: GenerationRequest) -> Completion:
