@@ -113,7 +113,7 @@ bundle: build-env
 
 # Rejection-sampling fine-tuning end to end on the tiny model: traces sampled with the hf engine on 4 ARC training
 # tasks (plus one injected known-correct trace per input, marked as such: random weights are rarely right), filters,
-# rows with the prompt masked, a short LoRA run, the merge.
+# rows with the prompt masked (RFT v1: thinking + grid targets), a short LoRA run, the merge.
 RFT = $(OUT)/rft
 train-rft: engine-env build-env
 	rm -rf $(RFT) && mkdir -p $(RFT)
