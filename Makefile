@@ -98,11 +98,11 @@ demo: env
 	    --out $(OUT)/demo/submission.json
 
 # Forecast a 12-hour hidden-set run (240 tasks) of the moe-4xL4 profile from the shipped example log (synthetic:
-# see sim/example_log.py), compare it with dense-27b-4xL4; prints the scenario it assumed, writes the report, its JSON,
+# see sim/example_log.py), compare it with dense-27b-4xL4 and with first-in first-out second attempts; prints the scenario it assumed, writes the report, its JSON,
 # the median run's timeline and the forecast's distribution.
 simulate: env
 	$(PY) -m sim forecast --log sim/data/example_attempts.jsonl --tasks $(ARC_DATA)/arc-agi-2/evaluation \
-	    --profile moe-4xL4 --hidden-tasks 240 --runs 50 --sensitivity --sweep dense-27b-4xL4 --out $(OUT)/simulate \
+	    --profile moe-4xL4 --hidden-tasks 240 --runs 50 --sensitivity --sweep dense-27b-4xL4 --compare-fifo --out $(OUT)/simulate \
 	    --json $(OUT)/simulate/forecast.json
 
 # Expert pruning end to end on a tiny Qwen3-MoE: traces from real ARC tasks through the solver's prompt renderer,
@@ -137,7 +137,7 @@ bundle: build-env
 
 # Rejection-sampling fine-tuning end to end on the tiny model: traces sampled with the hf engine on 4 ARC training
 # tasks (plus one injected known-correct trace per input, marked as such: random weights are rarely right), filters,
-# rows with the prompt masked, a short LoRA run, the merge.
+# rows with the prompt masked (RFT v1: thinking + grid targets), a short LoRA run, the merge.
 RFT = $(OUT)/rft
 train-rft: engine-env build-env
 	rm -rf $(RFT) && mkdir -p $(RFT)

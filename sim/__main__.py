@@ -7,7 +7,8 @@
                            [--cap-first-multi N] [--cap-second N] [--repair-caps N,N] [--cap-extra N]
                            [--max-in-flight N] [--throughput-noise SIGMA]
                            [--runs 50] [--bootstraps 1000] [--seed 0] [--sensitivity] [--sensitivity-step 0.05]
-                           [--sensitivity-pairs 20] [--sweep KEY=V1,V2 | --sweep P1,P2] [--out DIR] [--json PATH]
+                           [--sensitivity-pairs 20] [--sweep KEY=V1,V2 | --sweep P1,P2] [--compare-fifo]
+                           [--out DIR] [--json PATH]
     python -m sim calibrate --stats attempts.stats.jsonl --profile NAME --kv-tokens N [--out serving.toml]
     python -m sim backtest LOG --tasks DIR [--solutions PATH] --profile NAME [--serving FILE]
 
@@ -25,6 +26,7 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from sim.backtest import backtest
@@ -115,6 +117,11 @@ def cmd_forecast(args: argparse.Namespace) -> int:
         print(f"  ({variant.runs} runs simulated in {elapsed:.1f} s)")
         print(f"report: {out / 'report.txt'}\ntimeline plot: {timeline}\ndistribution plot: {spread}")
         document = (variant.to_json(), list(resolved.notes), numbers, sens)
+        if args.compare_fifo:  # the same variant with second attempts first in, first out (same seeds: paired)
+            fifo = forecast(replace(resolved.schedule, second_by_confidence=False), inputs, truth, pool,
+                            resolved.serving, runs=variant.runs, seed=variant.seed,
+                            throughput_noise=variant.throughput_noise, bootstraps=variant.bootstraps)
+            rows.append((f"{name} FIFO 2nd", fifo, summary(fifo, truth)))
     if len(rows) > 1:
         table = sweep_table(rows)
         (out / "sweep.txt").write_text(table + "\n")
@@ -189,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--sensitivity-step", type=float, help="relative step of the paired runs (0.05)")
     f.add_argument("--sensitivity-pairs", type=int, help="paired runs per resource (20)")
     f.add_argument("--sweep", help="KEY=V1,V2 over a scenario or schedule field, or profiles P1,P2")
+    f.add_argument("--compare-fifo", action="store_true",
+                   help="also forecast the profile with second attempts first in, first out")
     f.add_argument("--out", default="out/simulate")
     f.add_argument("--json", type=Path, help="write the whole report as JSON here")
     c = sub.add_parser("calibrate", help="fit the serving model to a run's per-window engine statistics")

@@ -50,6 +50,12 @@ class EngineConfig:
     kv_cache_memory_bytes: int = 0  # per GPU; 0: the engine's default share of memory
     mtp_speculative_tokens: int = 0  # multi-token prediction draft length; 0 = off
     enforce_eager: bool = False  # vLLM: no torch.compile / CUDA graphs (the CPU build compiles for minutes)
+    draft_sample_method: str = "greedy"  # vLLM's speculative draft_sample_method: "greedy" or "probabilistic"
+    pp_layer_partition: str = ""  # layers per pipeline stage, e.g. "25,23" (vLLM's VLLM_PP_LAYER_PARTITION); "" = even
+    disable_custom_all_reduce: bool = False  # vLLM's flag: NCCL's all-reduce instead of vLLM's custom kernel
+    prefix_caching: str = "auto"  # "auto" = vLLM's default for the model, "on", "off"
+    indexer_kv_dtype: str = "auto"  # vLLM's attention_config.indexer_kv_dtype (sparse-attention indexers only)
+    max_num_batched_tokens: int = 0  # tokens per engine step (chunked prefill); 0 = vLLM's default
     stats_window_s: float = 10.0  # throughput statistics window (tokens generated, running requests)
     replay_time_scale: float = 1.0  # replay engine: logged durations are multiplied by this (0 = instant)
 
@@ -60,6 +66,11 @@ class EngineConfig:
         # program then ends at its fence (at most program_max_chars) or, for very long non-ASCII text, at this limit.
         if self.answer_max_tokens < 1900:
             raise ValueError("engine.answer_max_tokens must leave room for a 30x30 grid (1,900 tokens)")
+        if self.prefix_caching not in ("auto", "on", "off"):
+            raise ValueError(f"engine.prefix_caching must be auto, on or off, not {self.prefix_caching!r}")
+        if self.draft_sample_method not in ("greedy", "probabilistic"):
+            raise ValueError(f"engine.draft_sample_method must be greedy or probabilistic, not "
+                             f"{self.draft_sample_method!r}")
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,12 @@ programs that were train-perfect for one of the task's other test inputs (transf
 1. grids with >= 2 votes, most votes first;
 2. then grids that a train-perfect program of this input produced, by votes;
 3. then the remaining direct grids, by votes;
-4. transferred outputs vote like direct grids when this input has no train-perfect program of its own, and rank after
-   all its grids (and do not vote) when it has one.
+4. transferred outputs, when this input has no train-perfect program of its own, take the place of its program
+   outputs (tier 2) and vote with its grids; when it has one, they rank after all its grids and do not vote.
+The study's sentence (SPEC 4): "Transferred outputs replace the program outputs of an input that has no train-perfect
+program of its own and then vote with its grids". Read literally: they *replace the program outputs*, so they rank
+as program outputs, and their votes add to equal grids'. (The other reading, that they rank as plain grids, differs
+when a transferred output has one vote: here it goes before the input's single-vote grids.)
 Ties go to the candidate seen first (attempt order), so selection is deterministic. Empty slots get `[[0]]`.
 """
 
@@ -52,7 +56,7 @@ def rank(candidates: list[Candidate] | tuple[Candidate, ...]) -> list[Ranked]:
             continue
         votes[c.grid] = votes.get(c.grid, 0) + 1
         first.setdefault(c.grid, i)
-        if c.source is Source.PROGRAM:
+        if c.source is not Source.GRID:  # a program output, or a transferred one standing in for it
             programs.add(c.grid)
 
     def tier(g: Grid) -> int:

@@ -22,7 +22,7 @@ from submission.sandbox import CheckResult, Sandbox, Status
 from submission.schedule import Level, Request
 from submission.selection import Candidate, Source, select
 from submission.tasks import Task
-from submission.tool_agent import finished, turn_cap, within_tokens
+from submission.tool_agent import NO_CALL, finished, first_cap, next_turn, within_tokens
 from submission.views import View, reordered
 
 # render(task, test_index, view, extra) -> prompt token ids
@@ -136,28 +136,32 @@ class Attempts:
         config, reserve = self.profile.tool_agent, self.profile.engine.answer_max_tokens
         task = self.tasks[request.task_id]
         single = len(task.test_inputs) == 1
-        cap, used, turns = min(request.cap, turn_cap(config, 0, 0, single, reserve)), 0, []
+        cap, used, checks, final, turns = min(request.cap, first_cap(config, single, reserve)), 0, 0, False, []
         while True:
             turn = await self._turn(request, view, prompt, cap)
             turns.append(turn)
             used += turn.completion.thinking_tokens + turn.completion.answer_tokens
             check = turn.check
-            if turn.failed or check is None:
+            test = check.test[request.test_index] if check is not None else None
+            if turn.failed or final or (test is not None and finished(check.train_perfect, test.output)):
                 break
-            test = check.test[request.test_index]
-            if finished(check.train_perfect, test.output):
-                break
-            texts = [check_text(demo_results(task, check), test.output, test.message or test.status.value,
-                                config.failing_pairs, config.max_cells, config.test_output_max_cells, grids)
-                     for grids in (True, False)]
+            checks += 1  # an answer whose program cannot be read counts as a check too (SPEC 5)
+            texts = [NO_CALL] if test is None else [
+                check_text(demo_results(task, check), test.output, test.message or test.status.value,
+                           config.failing_pairs, config.max_cells, config.test_output_max_cells, grids)
+                for grids in (True, False)]
             tool_ids = within_tokens(texts, self.tool_turn, config.feedback_max_tokens)
             used += len(tool_ids)
             prompt = continued(prompt, turn.completion.token_ids, tool_ids)
-            cap = turn_cap(config, len(turns), used, single, reserve)
+            # The deadline-aware cap and the context cut what the attempt may still spend (SPEC 5: the cap formula
+            # cuts the agent's budget); when not even one thinking token of a final turn fits, the attempt ends.
             context = self.profile.engine.max_model_len
-            if (cap is None or self.profile.schedule.cap(cap, self.clock()) < cap
-                    or (context and len(prompt) + cap + reserve > context)):
-                break  # the budget, the deadline or the context cannot hold the next turn
+            limit = self.profile.schedule.cap(config.budget_single + config.budget_multi, self.clock())
+            if context:
+                limit = min(limit, context - len(prompt) - reserve)
+            cap, final = next_turn(config, checks, used, single, reserve, limit)
+            if cap < 1:
+                break
         return turns
 
     async def run(self, request: Request) -> AttemptRecord:
@@ -168,6 +172,12 @@ class Attempts:
         started = self.clock()
         if request.level is Level.FIRST and self.profile.tool_agent.enabled:
             turns = await self._agent(request, view, prompt)
+            if turns[-1].completion.finish.startswith("error") and all(t.grid is None for t in turns):
+                # SPEC 5: an infrastructure error with no grid falls back to one direct request (not when aborted:
+                # that is the hard stop)
+                cap = self.profile.schedule.cap(request.cap, self.clock())
+                if cap >= self.profile.schedule.min_cap:
+                    turns.append(await self._turn(request, view, prompt, cap))
         else:
             turns = [await self._turn(request, view, prompt, request.cap)]
         # The answer is the last turn's, unless it failed (aborted, engine error) after one that did not.

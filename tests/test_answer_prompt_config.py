@@ -57,7 +57,7 @@ def test_repair_text_lists_differences():
     assert "Example 4: no grid (ZeroDivisionError)." in text
 
 
-@pytest.mark.parametrize("name", ["cpu-tiny", "dense-27b-4xL4", "moe-4xL4"])
+@pytest.mark.parametrize("name", ["cpu-tiny", "dense-27b-4xL4", "moe-4xL4", "moe-4xL4-direct"])
 def test_shipped_profiles_load_and_round_trip(name, tmp_path):
     profile = load_profile(name)
     copy = tmp_path / "copy.toml"

@@ -24,6 +24,8 @@ from submission.tasks import load_tasks  # noqa: E402
 from training.dataset import completion_ids, make_row, write_rows  # noqa: E402
 from training.rft import TrainConfig, merge, resolve_device, schedule, target_modules, train  # noqa: E402
 
+QWEN3 = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # no linear attention
+
 
 class Stop(Exception):
     pass
@@ -55,7 +57,7 @@ def setup(tmp_path_factory, arc_data):
         rows.append(make_row(task.id, 0, prompt, completion_ids(tokenizer, "Rotate or mirror the grid.\n", answer)))
     write_rows(rows, root / "rows.jsonl")
     config = TrainConfig(base=str(base), rows=str(root / "rows.jsonl"), out=str(root / "run"), rank=8, alpha=16,
-                         lr=3e-3, epochs=30, grad_accum=4, checkpoint_every=10, warmup=0.05)
+                         lr=3e-3, epochs=30, grad_accum=4, checkpoint_every=10, warmup=0.05, targets=QWEN3)
     return root, config, rows
 
 
@@ -94,6 +96,8 @@ def test_training_halves_the_loss_and_resumes(setup, device, tmp_path):
     assert len(losses) == 30 and losses[:10] == state["losses"]
     assert sum(losses[-3:]) / 3 <= 0.5 * sum(losses[:3]) / 3, losses
     assert (root / "run" / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((root / "run" / "data.json").read_text()) == {"rows": 4, "dropped_over_max_length": 0,
+                                                                    "max_length": 81_920}
     if device == "cuda":
         assert torch.cuda.max_memory_allocated() > 0  # the model and its activations lived on the GPU
 
@@ -108,7 +112,9 @@ def test_merged_equals_adapter_within_bf16(setup):
     merged_dir = merge(config)
     assert json.loads((merged_dir / "config.json").read_text())["arc_kit_patches"]
     base = AutoModelForCausalLM.from_pretrained(config.base, dtype=torch.float32)
-    assert target_modules(base) == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert target_modules(base, QWEN3) == list(QWEN3)
+    with pytest.raises(ValueError, match="in_proj_qkvz, in_proj_ba, out_proj match no Linear module"):
+        target_modules(base)  # SPEC 9's Qwen3-Next names: refused on a model without linear attention, never skipped
     adapted = PeftModel.from_pretrained(base, root / "run" / "adapter").eval()
     merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32).eval()
     ids = torch.tensor([rows[0].input_ids[:256]])

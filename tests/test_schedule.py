@@ -10,7 +10,8 @@ import pytest
 from sim.pool import SimAttempt
 from sim.run import LatencyEngine, simulate
 from sim.serving import Job
-from submission.schedule import InputInfo, Level, Outcome, Request, ScheduleConfig, Scheduler, stable_seed
+from submission.schedule import (Confidence, InputInfo, Level, Outcome, Request, ScheduleConfig, Scheduler, confidence,
+                                 second_priority, stable_seed)
 
 G1, G2 = ((1,),), ((2,),)
 
@@ -268,3 +269,65 @@ def test_a_scaled_schedule_is_the_full_one_in_miniature(limit):
     assert all(small.min_cap <= r.cap and started + (r.cap + small.cap_margin_tokens) / small.rate_tok_s
                < small.hard_stop for r in requests)
     assert drain(Scheduler(replace(full, time_limit_s=full.stop_new_margin_s + 1), inputs), 0.0) == []  # unscaled
+
+
+def second_order(config: ScheduleConfig, infos: list[InputInfo], firsts: dict[str, dict]) -> list[str]:
+    """Finish every first attempt (in the order of `firsts`, keyed by task) and return the order in which the second
+    attempts then start."""
+    scheduler = Scheduler(replace(config, max_in_flight=len(infos)), infos)
+    started = {r.task_id: r for r in drain(scheduler)}
+    for task_id, change in firsts.items():
+        scheduler.on_finished(1.0, outcome(started[task_id], **change))
+    seconds = []
+    while (request := scheduler.next(2.0)) is not None:
+        assert request.level is Level.SECOND
+        seconds.append(request.task_id)
+        scheduler.on_finished(2.0, outcome(request))
+    return seconds
+
+
+# Finished in this order (first in, first out would run them so); none is promotable (thinking >= 40K or multi-input).
+FIRSTS = {
+    "forced": dict(natural=False, grid=G1, thinking=96_000),
+    "multi-natural": dict(thinking=1_000),
+    "verified": dict(perfect=True, demos=3, thinking=60_000),
+    "natural-long": dict(thinking=70_000),
+    "no-grid": dict(grid=None, thinking=41_000),
+    "natural-short": dict(thinking=45_000),
+}
+
+
+def firsts_infos() -> list[InputInfo]:
+    return [InputInfo(t, 0, 1_000 + i, 2 if t.startswith("multi") else 1) for i, t in enumerate(FIRSTS)]
+
+
+def test_second_attempts_run_in_the_study_order():
+    assert second_order(ScheduleConfig(), firsts_infos(), FIRSTS) == [
+        "natural-short", "natural-long", "verified", "no-grid", "forced", "multi-natural"]
+
+
+def test_fifo_second_attempts_when_the_profile_asks():
+    assert second_order(ScheduleConfig(second_by_confidence=False), firsts_infos(), FIRSTS) == list(FIRSTS)
+
+
+def test_a_task_made_perfect_by_another_input_is_verified():
+    # the multi-input task's input 1 finds a train-perfect program first: input 0's natural attempt is then VERIFIED,
+    # and sorts after the other multi-input task's natural attempt despite its shorter thinking.
+    infos = [InputInfo("m", 0, 1_000, 2), InputInfo("m", 1, 1_001, 2), InputInfo("n", 0, 1_002, 2)]
+    scheduler = Scheduler(ScheduleConfig(max_in_flight=3), infos)
+    started = {r.key: r for r in drain(scheduler)}
+    scheduler.on_finished(1.0, outcome(started[("m", 1)], perfect=True, demos=3, thinking=30_000))
+    scheduler.on_finished(1.0, outcome(started[("m", 0)], thinking=10_000))
+    scheduler.on_finished(1.0, outcome(started[("n", 0)], thinking=20_000))
+    assert [r.key for r in drain(scheduler, 2.0)] == [("n", 0), ("m", 0), ("m", 1)]
+
+
+@pytest.mark.parametrize("change, klass", [
+    (dict(), Confidence.NATURAL), (dict(perfect=True), Confidence.VERIFIED), (dict(natural=False), Confidence.FORCED),
+    (dict(grid=None), Confidence.FORCED), (dict(natural=False, perfect=True), Confidence.VERIFIED)])
+def test_confidence_classes(change, klass):
+    request = Request("a", 0, 1, Level.FIRST, 96_000, 0)
+    assert confidence(outcome(request, **change), task_perfect=False) is klass
+    assert confidence(outcome(request, **change), task_perfect=True) is Confidence.VERIFIED
+    assert second_priority(outcome(request, **change), 1, False) == (0, int(klass), 10_000)
+    assert second_priority(outcome(request, **change), 3, False)[0] == 1

@@ -38,7 +38,18 @@ def test_program_and_grid_agreeing_vote_together():
 
 def test_transferred_votes_when_no_own_program():
     assert select(cands((A, G), (B, G), (B, T))) == (B, A)
-    assert select(cands((A, G), (C, T))) == (A, C)
+    ranked = rank(cands((A, G), (B, G), (B, T)))
+    assert ranked[0].votes == 2
+
+
+def test_transferred_outputs_stand_in_for_program_outputs():
+    # SPEC 4: they "replace the program outputs of an input that has no train-perfect program of its own": the program
+    # tier, ahead of single-vote grids. Read as plain grids, this would select (A, B) instead.
+    assert select(cands((A, G), (B, G), (C, T))) == (C, A)
+    assert select(cands((A, G), (C, T))) == (C, A)
+    assert rank(cands((A, G), (C, T)))[0].from_program
+    # two votes still come first; a transferred output never outranks a grid with two votes
+    assert select(cands((A, G), (A, G), (C, T))) == (A, C)
 
 
 def test_transferred_ranks_after_grids_when_own_program():

@@ -18,7 +18,7 @@ from submission.sandbox import Sandbox
 from submission.schedule import Level, Request
 from submission.solve import Attempts
 from submission.tasks import load_tasks
-from submission.tool_agent import ToolAgentConfig, finished, turn_cap, within_tokens
+from submission.tool_agent import NO_CALL, ToolAgentConfig, finished, first_cap, next_turn, within_tokens
 
 CONFIG = ToolAgentConfig(enabled=True)
 EOT = 7  # the end-of-turn id of the scripted engine and tool turn below
@@ -33,12 +33,23 @@ def tasks(arc_data):
 
 
 def test_turn_caps_follow_the_budget():
-    assert turn_cap(CONFIG, 0, 0, True, 4000) == 80_000
-    assert turn_cap(CONFIG, 0, 0, False, 4000) == 60_000  # 64K in all for a task with several test inputs
-    assert turn_cap(CONFIG, 1, 70_000, True, 4000) == 8_000
-    assert turn_cap(CONFIG, 1, 85_000, True, 4000) is None  # 85K + 8K + the answer's 4K exceed 96K
-    assert turn_cap(CONFIG, 2, 10_000, True, 4000) == 4_000  # after the last check: the final turn
-    assert turn_cap(CONFIG, 3, 10_000, True, 4000) is None
+    assert first_cap(CONFIG, True, 4000) == 80_000
+    assert first_cap(CONFIG, False, 4000) == 48_000  # SPEC 5: 48K of 64K for a task with several test inputs
+    assert first_cap(CONFIG, False, 20_000) == 44_000  # the budget still bounds it
+    free = 10**9  # no deadline, no context limit
+    assert next_turn(CONFIG, 1, 70_000, True, 4000, free) == (8_000, False)
+    # SPEC 5's continuation rule: a later turn while >= 1,000 thinking tokens fit after reserving its call (4K), the
+    # response (2.5K) and the final turn (4K + 4K): 96K - 80.5K - 14.5K = 1,000 fits, one token more does not
+    assert next_turn(CONFIG, 1, 80_500, True, 4000, free) == (1_000, False)
+    assert next_turn(CONFIG, 1, 80_501, True, 4000, free) == (4_000, True)  # the final turn instead, always
+    assert next_turn(CONFIG, 1, 95_000, True, 4000, free) == (4_000, True)  # even past the budget
+    assert next_turn(CONFIG, 2, 10_000, True, 4000, free) == (4_000, True)  # after the last check: the final turn
+    assert next_turn(dataclasses.replace(CONFIG, checks=3), 2, 10_000, True, 4000, free) == (8_000, False)
+    # the deadline cuts the budget: 11.5K thinking tokens left (+ the answer) hold a 1K later turn and the reserves
+    assert next_turn(CONFIG, 1, 10_000, True, 4000, 11_500) == (1_000, False)
+    assert next_turn(CONFIG, 1, 10_000, True, 4000, 11_499) == (4_000, True)
+    assert next_turn(CONFIG, 1, 10_000, True, 4000, 3_000) == (3_000, True)
+    assert next_turn(CONFIG, 1, 10_000, True, 4000, -5) == (-5, True)  # not even a final turn: the caller stops
     assert finished(True, ((1,),)) and not finished(True, None) and not finished(False, ((1,),))
     with pytest.raises(ValueError, match="tool_agent"):
         ToolAgentConfig(checks=0)
@@ -75,8 +86,8 @@ class Scripted:
     async def generate(self, request):
         grid, program, finish = self.turns[min(len(self.requests), len(self.turns) - 1)]
         self.requests.append(request)
-        text = (f"{THINK_END}\n{grid_text(grid)}\n{EngineConfig().program_cue}"
-                f"{program.split('def transform(grid):', 1)[1]}{FENCE}")
+        text = THINK_END + (f"\n{grid_text(grid)}\n" if grid else "") + (  # None: no grid / no program
+            f"{EngineConfig().program_cue}{program.split('def transform(grid):', 1)[1]}{FENCE}" if program else "")
         return Completion(request.request_id, text, 100, 50, True, finish, 0.0, 0.0,
                           token_ids=(1, 2, 3, EOT))
 
@@ -134,11 +145,16 @@ def test_budget_deadline_and_context_stop_the_turns(tasks):
     small = dataclasses.replace(CONFIG, budget_multi=5000)
     engine = Scripted([(((1,),), IDENTITY, "stop")])
     record, _ = run_attempt(task, engine, config=small)
-    assert [r.thinking_cap for r in engine.requests] == [1000]  # 5000 less the answer's 4000; no room for more
+    # 5000 less the answer's 4000; no room for a later turn, but the final turn always runs
+    assert [r.thinking_cap for r in engine.requests] == [1000, 4000]
     engine = Scripted([(((1,),), IDENTITY, "stop")])
-    late = Profile().schedule.hard_stop - 600  # 8 tok/s: not enough time left for an 8K turn
+    late = Profile().schedule.hard_stop - 600  # 8 tok/s: 8 * (600 - 240) - 3000 < 0: not even a final turn
     record, _ = run_attempt(task, engine, clock=lambda: late)
     assert record.turns == 1
+    engine = Scripted([(((1,),), IDENTITY, "stop")])
+    later = Profile().schedule.hard_stop - 1000  # 8 * (1000 - 240) - 3000 = 3,080 thinking tokens left
+    record, _ = run_attempt(task, engine, clock=lambda: later)
+    assert [r.thinking_cap for r in engine.requests] == [4000, 3080]  # the final turn, shrunk to the deadline
     profile = dataclasses.replace(Profile(), tool_agent=CONFIG,
                                   engine=EngineConfig(max_model_len=10 + 4 + 4 + 8000 + 3999))
     engine = Scripted([(((1,),), IDENTITY, "stop")])
@@ -146,7 +162,35 @@ def test_budget_deadline_and_context_stop_the_turns(tasks):
         attempts = Attempts(profile, {task.id: task}, engine, box, lambda *a: [5] * 10, lambda: 0.0,
                             lambda text: [EOT, 9, 9, 9, 9])
         asyncio.run(attempts.run(Request(task.id, 0, 1, Level.FIRST, 4000, 1)))
-    assert len(engine.requests) == 1  # the next turn would not fit the context by one token
+    # 7,999 thinking tokens fit the context: not an 8K later turn with its reserves, so the final turn
+    assert [r.thinking_cap for r in engine.requests] == [4000, 4000]
+
+
+def test_an_unreadable_call_counts_as_a_check_and_the_loop_goes_on(tasks):
+    engine = Scripted([(((1,),), None, "length"), (((1,),), IDENTITY, "stop"), (((2,),), ROTATE, "stop")])
+    record, texts = run_attempt(tasks["3c9b0459"], engine)
+    assert texts[0] == NO_CALL and texts[1].startswith("check_transform: 0 of")  # told, then checked
+    assert [r.thinking_cap for r in engine.requests] == [4000, 8000, 4000]  # two checks, then the final turn
+    assert record.turns == 3 and record.train_perfect and record.grid == ((2,),)
+
+
+def test_an_infrastructure_error_without_a_grid_falls_back_to_a_direct_attempt(tasks):
+    engine = Scripted([(None, None, "error: engine died"), (((2,),), ROTATE, "stop")])
+    record, texts = run_attempt(tasks["3c9b0459"], engine, cap=6000)
+    assert texts == [] and len(engine.requests) == 2 and record.turns == 2
+    first, direct = engine.requests
+    assert direct.prompt_ids == first.prompt_ids and direct.thinking_cap == 6000  # the plain prompt, the request's cap
+    assert record.grid == ((2,),) and record.train_perfect and not record.aborted and record.finish == "stop"
+
+
+@pytest.mark.parametrize("script", [
+    [(None, None, "aborted")],  # the hard stop: no new request
+    [(((1,),), IDENTITY, "stop"), (None, None, "error: engine died")],  # an earlier turn has a grid: it is kept
+])
+def test_no_direct_fallback_after_an_abort_or_with_a_grid(tasks, script):
+    engine = Scripted(script)
+    record, _ = run_attempt(tasks["3c9b0459"], engine)
+    assert len(engine.requests) == len(script)
 
 
 def test_a_failed_later_turn_keeps_the_earlier_answer(tasks):
@@ -189,7 +233,8 @@ def test_solver_runs_the_tool_agent_on_the_tiny_model(tmp_path, arc_data):
 
     model = make_checkpoint(tmp_path / "tiny", "qwen3", seed=0)
     profile = (PROFILES / "cpu-tiny.toml").read_text() + (
-        "\n[tool_agent]\nenabled = true\nfirst_thinking = 48\nlater_thinking = 40\nfinal_thinking = 32\n"
+        "\n[tool_agent]\nenabled = true\nfirst_thinking = 48\nfirst_thinking_multi = 48\nlater_thinking = 40\n"
+        "final_thinking = 32\n"
         "budget_single = 20000\nbudget_multi = 20000\n")
     (tmp_path / "agent.toml").write_text(profile)
     log = tmp_path / "attempts.jsonl"

@@ -91,3 +91,32 @@ def test_leave_one_out_views(arc_data):
     first = views[0]
     assert first.train[-1].input == task.test_inputs[0] and first.test_inputs == (task.train[0].input,)
     assert first.test_outputs == (task.train[0].output,) and len(first.train) == len(task.train)
+
+
+@pytest.mark.parametrize("targets, verified, program_kept", [
+    ("grid", True, False),  # RFT v1: never the program, even a train-perfect one
+    ("grid+program", True, True),
+    ("grid+program", False, False),  # an unverified program is never a target
+])
+def test_rft_v1_targets_cut_the_cue_and_program(setup, targets, verified, program_kept):
+    from submission.config import EngineConfig
+    from training.dataset import rows_from_traces
+    from training.traces import known_trace
+
+    tokenizer, task = setup
+    prompt = render(tokenizer, task, 0, PromptConfig())[1]
+    trace = known_trace(tokenizer, task, 0, prompt, EngineConfig().program_cue)
+    record = {"task_id": task.id, "test_index": 0, "split": "training", "prompt_ids": prompt,
+              "completion_ids": trace["token_ids"], "text": tokenizer.decode(trace["token_ids"]), "natural": True,
+              "grid": [list(r) for r in task.test_outputs[0]], "label": [list(r) for r in task.test_outputs[0]]}
+    checked = []
+    rows, _ = rows_from_traces([record], {task.id: task}, tokenizer, PromptConfig(), targets=targets,
+                               verify=lambda program, t: checked.append(program) or verified)
+    completion = tokenizer.decode(rows[0].labels[len(prompt):])
+    grid = "\n".join(" ".join(map(str, r)) for r in task.test_outputs[0])
+    assert completion.startswith("Injected known-correct trace") and f"</think>\n{grid}\n" in completion
+    assert completion.endswith(tokenizer.eos_token)
+    assert ("def transform(grid):" in completion) is program_kept
+    assert bool(checked) is (targets == "grid+program")
+    if not program_kept:
+        assert completion.endswith(f"</think>\n{grid}\n{tokenizer.eos_token}")

@@ -3,14 +3,18 @@
     python -m training.rft --config training/rft.toml          # train (resumes from its last checkpoint)
     python -m training.rft --config training/rft.toml --merge  # merge the adapter, patch, optionally quantise
 
-Rows come from training.dataset (prompt ids exactly as at inference, masked; completion supervised). SPEC section 9:
-LoRA rank 32, alpha 32, dropout 0, on the attention q/k/v/o, the linear-attention in/out projections and the MLP
-gate/up/down (whichever of them the architecture has as Linear layers: fused 3-D experts and routers are left
-alone); AdamW lr 1e-4, 5% warm-up, cosine, clip 1.0, one epoch, micro-batch 1, no packing (packing leaks
-linear-attention state), gradient accumulation 8, gradient checkpointing. Plain PEFT + torch: the loop is short;
-`backend = "unsloth"` runs the same loop on unsloth's model and LoRA (the fast path on a GPU; its own environment,
-`make unsloth-env`, since it pins older transformers and trl). Progress on stderr, a loss curve PNG, checkpoints
-(adapter + optimiser + step) that resume.
+Rows come from training.dataset (prompt ids exactly as at inference, masked; completion supervised: RFT v1's thinking
++ grid by default). SPEC section 9: LoRA rank 32, alpha 32, dropout 0, on the attention q/k/v/o, the
+linear-attention in/out projections and the MLP gate/up/down (`targets`: each must name a Linear module of the model,
+or training refuses to start, so a name that does not fit the architecture is never skipped in silence); AdamW lr
+1e-4 with no weight decay, 5% warm-up, cosine, clip 1.0, one epoch, micro-batch 1, no packing (packing leaks
+linear-attention state), gradient accumulation 8, gradient checkpointing. The loss is the token mean over the
+supervised tokens of an optimiser step's rows (a long trace weighs by its tokens, not as one row); rows longer than
+`max_length` (81,920) are dropped, counted and reported (stderr and `data.json`). The merge re-quantises with the
+recipe and, by default, recomputes the FP8 KV-cache scales on `calibration_tasks`. Plain PEFT + torch: the loop is
+short; `backend = "unsloth"` runs the same loop on unsloth's model and LoRA (the fast path on a GPU; its own
+environment, `make unsloth-env`, since it pins older transformers and trl). Progress on stderr, a loss curve PNG,
+checkpoints (adapter + optimiser + step) that resume.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 
 from training.dataset import read_rows
 
+# SPEC 9's targets, named as in Qwen3-Next (attention, linear attention, MLP); another architecture lists its own.
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkvz", "in_proj_ba", "out_proj", "gate_proj", "up_proj",
            "down_proj")
 
@@ -40,22 +45,29 @@ class TrainConfig:
     alpha: int = 32
     dropout: float = 0.0
     lr: float = 1e-4
+    weight_decay: float = 0.0  # SPEC 9: AdamW with no weight decay (torch's default would be 0.01)
     warmup: float = 0.05
     clip: float = 1.0
     epochs: int = 1
     grad_accum: int = 8
-    max_length: int = 65_536
+    max_length: int = 81_920  # longer rows are dropped and counted
+    targets: tuple[str, ...] = TARGETS  # LoRA target module names; every one must exist in the model
     gradient_checkpointing: bool = True
     checkpoint_every: int = 50  # optimiser steps
     seed: int = 0
     dtype: str = "float32"  # bfloat16 on a GPU
     recipe: str = ""  # build/ quantisation recipe applied after merging ("" = none)
+    calibration_tasks: str = ""  # ARC tasks whose prompts recompute the KV-cache (and static input) scales
+    kv_scales: bool = True  # with a recipe: recompute the FP8 KV-cache scales after re-quantising (needs tasks)
     backend: str = "peft"  # "peft" (plain PEFT) or "unsloth" (its own environment: make unsloth-env)
     device: str = "auto"  # "auto" = the first CUDA GPU if there is one, else the CPU; or "cpu", "cuda:1", ...
 
     def __post_init__(self) -> None:
         if self.backend not in ("peft", "unsloth"):
             raise ValueError(f"backend must be peft or unsloth, not {self.backend!r}")
+        if self.recipe and self.kv_scales and not self.calibration_tasks:
+            raise ValueError("recipe: re-quantising recomputes the KV-cache scales on calibration_tasks; set them, or "
+                             "kv_scales = false to keep none")
 
 
 def load_config(path: str | Path) -> TrainConfig:
@@ -65,14 +77,41 @@ def load_config(path: str | Path) -> TrainConfig:
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ValueError(f"{path}: unknown key(s) {', '.join(unknown)}")
-    return TrainConfig(**raw)
+    if "targets" in raw:
+        raw["targets"] = tuple(raw["targets"])
+    try:
+        return TrainConfig(**raw)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{path}: {err}") from None
 
 
-def target_modules(model) -> list[str]:
+def target_modules(model, targets: tuple[str, ...] = TARGETS) -> list[str]:
+    """`targets`, each checked against the model's Linear module names: one that matches nothing is refused."""
     import torch
 
     present = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    return [t for t in TARGETS if t in present]
+    missing = [t for t in targets if t not in present]
+    if missing:
+        raise ValueError(f"LoRA target(s) {', '.join(missing)} match no Linear module of the model (its Linear "
+                         f"names: {', '.join(sorted(present))}); set targets in the training config")
+    return list(targets)
+
+
+def within_length(rows: list, max_length: int) -> tuple[list, int]:
+    """The rows of at most `max_length` tokens, and how many were longer. Pure."""
+    kept = [r for r in rows if len(r.input_ids) <= max_length]
+    return kept, len(rows) - len(kept)
+
+
+def token_weights(rows: list) -> list[float]:
+    """Per row of one optimiser step, its share of the step's supervised tokens: the rows' mean losses weighted so
+    the step's loss is the token mean over all of them. A label is predicted from the token before it, so the first
+    position never counts. Pure."""
+    counts = [sum(1 for label in r.labels[1:] if label != -100) for r in rows]
+    total = sum(counts)
+    if not total:
+        raise ValueError("no supervised tokens in the step's rows")
+    return [c / total for c in counts]
 
 
 def resolve_device(requested: str) -> str:
@@ -102,7 +141,10 @@ def train(config: TrainConfig, progress=None) -> list[float]:
 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = [r for r in read_rows(config.rows) if len(r.input_ids) <= config.max_length]
+    rows, dropped = within_length(read_rows(config.rows), config.max_length)
+    print(f"{len(rows)} rows; {dropped} dropped as longer than max_length {config.max_length}", file=sys.stderr)
+    (out / "data.json").write_text(json.dumps({"rows": len(rows), "dropped_over_max_length": dropped,
+                                               "max_length": config.max_length}))
     if not rows:
         raise ValueError(f"{config.rows}: no rows within max_length {config.max_length}")
     torch.manual_seed(config.seed)
@@ -120,9 +162,11 @@ def train(config: TrainConfig, progress=None) -> list[float]:
             model = PeftModel.from_pretrained(model, checkpoint, is_trainable=True)
         else:
             model = get_peft_model(model, LoraConfig(r=config.rank, lora_alpha=config.alpha,
-                                                     lora_dropout=config.dropout, target_modules=target_modules(model),
+                                                     lora_dropout=config.dropout,
+                                                     target_modules=target_modules(model, config.targets),
                                                      task_type="CAUSAL_LM"))
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
+                                  weight_decay=config.weight_decay)
     order = [i for _ in range(config.epochs) for i in random.Random(config.seed).sample(range(len(rows)), len(rows))]
     total = math.ceil(len(order) / config.grad_accum)
     step, losses = 0, []
@@ -136,12 +180,13 @@ def train(config: TrainConfig, progress=None) -> list[float]:
             group["lr"] = config.lr * schedule(step, total, config.warmup)
         batch = order[step * config.grad_accum:(step + 1) * config.grad_accum]
         running = 0.0
-        for index in batch:  # micro-batch 1, no packing
+        weights = token_weights([rows[i] for i in batch])
+        for index, weight in zip(batch, weights):  # micro-batch 1, no packing; the row's mean loss, token-weighted
             row = rows[index]
             loss = model(input_ids=torch.tensor([row.input_ids], device=device),
                          labels=torch.tensor([row.labels], device=device)).loss
-            (loss / len(batch)).backward()
-            running += loss.item() / len(batch)
+            (loss * weight).backward()
+            running += loss.item() * weight
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], config.clip)
         optimizer.step()
         optimizer.zero_grad()
@@ -172,7 +217,8 @@ def _unsloth_model(config: TrainConfig, resume: bool, checkpoint: Path, device: 
 
         return PeftModel.from_pretrained(model, checkpoint, is_trainable=True)
     return FastLanguageModel.get_peft_model(model, r=config.rank, lora_alpha=config.alpha, lora_dropout=config.dropout,
-                                            target_modules=target_modules(model), use_gradient_checkpointing=gc,
+                                            target_modules=target_modules(model, config.targets),
+                                            use_gradient_checkpointing=gc,
                                             random_state=config.seed)
 
 
@@ -219,7 +265,15 @@ def merge(config: TrainConfig) -> Path:
     if config.recipe:
         from build.quantize import quantize
 
-        quantize(result, config.recipe, out / "merged-quantized")
+        kv = amax = None
+        if config.calibration_tasks:  # new weights, new activations: the base's scales no longer hold
+            from build.input_scales import input_amax
+            from build.kv_scales import calibration_prompts, kv_amax, scales
+            from submission.tasks import load_tasks
+
+            prompts = calibration_prompts(result, load_tasks(config.calibration_tasks).tasks, 256)
+            kv, amax = scales(kv_amax(result, prompts)) if config.kv_scales else None, input_amax(result, prompts)
+        quantize(result, config.recipe, out / "merged-quantized", kv, amax)
         result = out / "merged-quantized"
     return result
 

@@ -33,6 +33,7 @@ submission.main, tests/test_main_vllm.py):
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from pathlib import Path
@@ -82,7 +83,17 @@ def engine_kwargs(model_dir: str, c: EngineConfig, end_str: str, enforce_eager: 
     if c.kv_cache_memory_bytes:
         args["kv_cache_memory_bytes"] = c.kv_cache_memory_bytes
     if c.mtp_speculative_tokens:
-        args["speculative_config"] = {"method": "mtp", "num_speculative_tokens": c.mtp_speculative_tokens}
+        args["speculative_config"] = {"method": "mtp", "num_speculative_tokens": c.mtp_speculative_tokens,
+                                      "draft_sample_method": c.draft_sample_method}
+    # The study's layout and caches (profiles/*.toml, docs/conformance.md); unset = vLLM's own default.
+    if c.max_num_batched_tokens:  # the CPU build's whole-prompt prefill above wins
+        args.setdefault("max_num_batched_tokens", c.max_num_batched_tokens)
+    if c.prefix_caching != "auto":
+        args["enable_prefix_caching"] = c.prefix_caching == "on"
+    if c.disable_custom_all_reduce:
+        args["disable_custom_all_reduce"] = True
+    if c.indexer_kv_dtype != "auto":
+        args["attention_config"] = {"indexer_kv_dtype": c.indexer_kv_dtype}
     return args
 
 
@@ -152,6 +163,8 @@ class VLLMEngine:
         args = engine_kwargs(self.model_dir, c, end_str, self.enforce_eager, torch.cuda.is_available())
         for name, cls in SUB_CONFIGS.items():
             args[name] = getattr(vllm_configs, cls)(**args[name])
+        if c.pp_layer_partition:  # an environment variable, not an engine argument: the workers read it at start
+            os.environ["VLLM_PP_LAYER_PARTITION"] = c.pp_layer_partition
         engine_args = AsyncEngineArgs(**args)  # the config first: it alone knows which runner will run
         vllm_config = engine_args.create_engine_config(UsageContext.ENGINE_CONTEXT)
         processor = logits_processor(vllm_config)

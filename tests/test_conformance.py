@@ -1,0 +1,90 @@
+"""The conformance table (docs/conformance.md) against the shipped profiles: a profile value that changes without its
+row changing, a key a profile sets without a row, or a departure without a reason fails here."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from submission.config import PROFILES, load_profile
+
+TABLE = Path(__file__).resolve().parents[1] / "docs" / "conformance.md"
+MATCHES = ("yes", "no", "unknown")
+
+
+def tables(text: str) -> dict[str, list[list[str]]]:
+    """Rows (setting, study, kit, match, why) under each `## NAME` heading."""
+    out: dict[str, list[list[str]]] = {}
+    name = ""
+    for line in text.splitlines():
+        if line.startswith("## "):
+            name = line[3:].strip()
+        elif line.startswith("| ") and not line.startswith(("| setting ", "| procedure ")) and name:
+            out.setdefault(name, []).append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return out
+
+
+def mismatches(rows: list[list[str]], profile_path: Path) -> list[str]:
+    """What is wrong between one profile and its table rows; [] when they agree."""
+    profile = load_profile(profile_path)
+    raw = tomllib.loads(profile_path.read_text())
+    problems = []
+    documented = set()
+    for setting, _study, kit, match, why in rows:
+        documented.add(setting)
+        section, key = setting.split(".")
+        actual = getattr(getattr(profile, section), key)
+        actual = list(actual) if isinstance(actual, tuple) else actual
+        expected = tomllib.loads(f"v = {kit}")["v"]
+        if expected != actual or type(expected) is bool and type(actual) is not bool:
+            problems.append(f"{setting}: the table says {kit}, the profile has {actual!r}")
+        if match not in MATCHES:
+            problems.append(f"{setting}: match must be one of {MATCHES}, not {match!r}")
+        elif match != "yes" and not why:
+            problems.append(f"{setting}: departs from the study ({match}) without a reason")
+    for section, table in raw.items():
+        if isinstance(table, dict):
+            problems += [f"{section}.{key}: set by the profile, missing from the table" for key in table
+                         if f"{section}.{key}" not in documented]
+    return problems
+
+
+def shipped() -> list[Path]:
+    return sorted(p for p in PROFILES.glob("*.toml") if p.stem != "cpu-tiny")  # cpu-tiny reproduces no run
+
+
+@pytest.mark.parametrize("path", shipped(), ids=lambda p: p.stem)
+def test_every_shipped_profile_matches_its_table(path):
+    rows = tables(TABLE.read_text()).get(path.stem)
+    assert rows, f"{TABLE}: no table for the profile {path.stem}"
+    assert mismatches(rows, path) == []
+
+
+def test_a_changed_profile_value_or_an_undocumented_key_fails(tmp_path):
+    path = PROFILES / "moe-4xL4.toml"
+    rows = tables(TABLE.read_text())["moe-4xL4"]
+    changed = tmp_path / "moe-4xL4.toml"
+    changed.write_text(path.read_text().replace("mtp_speculative_tokens = 4", "mtp_speculative_tokens = 2")
+                       .replace("max_in_flight = 56", "max_in_flight = 56\ncap_margin_tokens = 2000"))
+    assert mismatches(rows, changed) == [
+        "engine.mtp_speculative_tokens: the table says 4, the profile has 2",
+        "schedule.cap_margin_tokens: the table says 3000, the profile has 2000"]
+    unlisted = tmp_path / "unlisted.toml"
+    unlisted.write_text(path.read_text() + "\n[sandbox]\ncpu_s = 5\n")
+    assert mismatches(rows, unlisted) == ["sandbox.cpu_s: set by the profile, missing from the table"]
+    silent = [row[:4] + [""] if row[0] == "engine.answer_max_tokens" else row for row in rows]
+    assert mismatches(silent, path) == ["engine.answer_max_tokens: departs from the study (no) without a reason"]
+
+
+def test_the_tables_name_real_settings():
+    for name, rows in tables(TABLE.read_text()).items():
+        if name == "Procedures":
+            continue
+        profile = load_profile(name)
+        for row in rows:
+            assert len(row) == 5, f"{TABLE}: {name}: a row needs 5 cells: {row}"
+            section, key = row[0].split(".")
+            assert key in {f.name for f in dataclasses.fields(getattr(profile, section))}, row[0]
