@@ -113,9 +113,13 @@ def timeline_png(result: SimResult, timeline: list[Sample], preempted: list[tupl
                  color="tab:green")
     axes[3].set_ylabel("answered inputs")
     axes[3].set_xlabel("hours")
-    for ax in axes:
-        ax.axvline(result.hard_stop_s / 3600, color="red", linestyle="--", linewidth=0.8)
+    for number, ax in enumerate(axes):
+        ax.axvline(result.hard_stop_s / 3600, color="red", linestyle="--", linewidth=0.8,
+                   label="hard stop" if number in (0, 3) else None)
+        ax.set_ylim(bottom=0)  # counts and rates start at zero, or small changes look large
         ax.grid(alpha=0.3)
+    axes[0].legend(loc="upper right", fontsize=8)
+    axes[3].legend(loc="lower right", fontsize=8)
     axes[0].set_title(title)
     fig.tight_layout()
     path = Path(path)

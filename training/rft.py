@@ -29,6 +29,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from submission.progress import ProgressLine
 from training.dataset import read_rows
 
 # SPEC 9's targets, named as in Qwen3-Next (attention, linear attention, MLP); another architecture lists its own.
@@ -228,8 +229,11 @@ def loss_curve(losses: list[float], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.plot(range(1, len(losses) + 1), losses)
+    ax.plot(range(1, len(losses) + 1), losses, marker="." if len(losses) <= 50 else None)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
     ax.set_xlabel("optimiser step")
     ax.set_ylabel("loss (completion tokens)")
     ax.grid(alpha=0.3)
@@ -287,9 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge:
         print(merge(config))
         return 0
-    losses = train(config, progress=lambda s, n, loss: print(f"\rstep {s}/{n} loss {loss:.4f}", end="",
-                                                             file=sys.stderr))
-    print(f"\n{len(losses)} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}; adapter in {Path(config.out) / 'adapter'}")
+    line = ProgressLine()
+    losses = train(config, progress=lambda s, n, loss: line.update(f"step {s}/{n} loss {loss:.4f}", final=s == n))
+    line.close()
+    out = Path(config.out)
+    print(f"{len(losses)} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}; adapter in {out / 'adapter'}; "
+          f"loss curve {out / 'loss.png'}")
     return 0
 
 
