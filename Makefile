@@ -160,13 +160,17 @@ train-grid: build-env
 	    --out $(GT)/run --steps 16 --checkpoint-every 4 --rank 8 --lr 3e-3 --max-len 2048
 	$(BPY) -m training.grid_tune --model $(GT)/grid --out $(GT)/run --merge
 
+# Every benchmark runs (each prints its ratios and targets); the verb fails at the end if any missed a target.
+MISSED = $(OUT)/bench-missed.txt
 bench: env build-env
-	$(PY) benchmarks/sandbox_throughput.py
-	$(PY) benchmarks/sandbox_real_programs.py
-	$(PY) benchmarks/sim_speed.py
-	$(BPY) benchmarks/prune_and_calibrate.py
-	$(BPY) benchmarks/quantize_throughput.py
-	$(BPY) benchmarks/grid_throughput.py
+	@mkdir -p $(OUT) && rm -f $(MISSED)
+	$(PY) benchmarks/sandbox_throughput.py || echo sandbox_throughput >> $(MISSED)
+	$(PY) benchmarks/sandbox_real_programs.py || echo sandbox_real_programs >> $(MISSED)
+	$(PY) benchmarks/sim_speed.py || echo sim_speed >> $(MISSED)
+	$(BPY) benchmarks/prune_and_calibrate.py || echo prune_and_calibrate >> $(MISSED)
+	$(BPY) benchmarks/quantize_throughput.py || echo quantize_throughput >> $(MISSED)
+	$(BPY) benchmarks/grid_throughput.py || echo grid_throughput >> $(MISSED)
+	@if [ -f $(MISSED) ]; then echo "missed a target or failed: $$(tr '\n' ' ' < $(MISSED))"; exit 1; fi
 
 clean:
 	rm -rf $(OUT) .pytest_cache .hypothesis

@@ -5,7 +5,7 @@
 1. Writes a Qwen3-MoE-shaped checkpoint of about `--gb` GB in 500 MB shards (random bf16 tensors with the real
    names and config; no model is instantiated), prunes it to 3/4 of its experts with `build.prune` in a subprocess,
    and reports the subprocess's peak resident memory against the largest shard, and its throughput against a plain
-   copy of the same files measured in the same run.
+   copy of the same files, both warm (the page cache is never dropped), interleaved over `--repeats` rounds.
 2. Runs a tiny Qwen3-MoE over calibration traces with and without the `build.calibrate` hooks and reports tokens/s
    and the overhead ratio.
 Run it in the build environment (make build-env).
@@ -18,6 +18,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -25,6 +26,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from targets import Targets, spread  # noqa: E402
 
 LAYERS, EXPERTS, TOP_K = 8, 128, 8
 HIDDEN, INTER = 1024, 512
@@ -71,16 +75,6 @@ def write_checkpoint(folder: Path, gb: float) -> int:
     return largest
 
 
-def drop_caches() -> None:
-    """Both the copy and the prune read from disk, not from the page cache the writer left (needs root; skipped
-    quietly elsewhere, and the results then say so)."""
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError:
-        print("(page cache not dropped: not root; copy and prune read cached files)")
-
-
 def peak_rss(cmd: list[str]) -> tuple[int, float, str]:
     """Peak resident bytes of one child process (its own rusage, not the max over all children), its seconds and
     its output."""
@@ -95,7 +89,7 @@ def peak_rss(cmd: list[str]) -> tuple[int, float, str]:
     return usage.ru_maxrss * 1024, time.perf_counter() - start, output  # ru_maxrss is in kB on Linux
 
 
-def prune_benchmark(workdir: Path, gb: float) -> None:
+def prune_benchmark(workdir: Path, gb: float, repeats: int, targets: Targets) -> None:
     source = workdir / "source"
     # written by a child process: the children measured below inherit no large parent (fork counts its pages)
     largest = int(subprocess.run([sys.executable, __file__, "--write", str(source), "--gb", str(gb)], check=True,
@@ -107,23 +101,32 @@ def prune_benchmark(workdir: Path, gb: float) -> None:
     (workdir / "list.json").write_text(json.dumps({"name": "bench",
                                                    "experts": [sorted(rng.sample(range(EXPERTS), keep))
                                                                for _ in range(layers)]}))
-    drop_caches()
-    start = time.perf_counter()
-    shutil.copytree(source, workdir / "copy")
-    copy_s = time.perf_counter() - start
-    drop_caches()
     imports, _, _ = peak_rss([sys.executable, "-c", "import torch, safetensors, build.prune; "
-                           "import compressed_tensors.entrypoints.convert"])  # the interpreter and its libraries
-    peak, prune_s, output = peak_rss([sys.executable, "-m", "build.prune", "--model", str(source), "--list",
-                              str(workdir / "list.json"), "--out", str(workdir / "pruned")])
+                              "import compressed_tensors.entrypoints.convert"])  # the interpreter and its libraries
+    shutil.copytree(source, workdir / "warm-up")  # both sides read from a warm page cache (never dropped: as root
+    shutil.rmtree(workdir / "warm-up")             # that measures the disk and disturbs the whole machine)
+    copies, works, peaks = [], [], []
+    for _ in range(repeats):  # interleaved, so both sides see the same machine state
+        start = time.perf_counter()
+        shutil.copytree(source, workdir / "copy")
+        copies.append(time.perf_counter() - start)
+        shutil.rmtree(workdir / "copy")
+        peak, _, output = peak_rss([sys.executable, "-m", "build.prune", "--model", str(source), "--list",
+                                    str(workdir / "list.json"), "--out", str(workdir / "pruned")])
+        works.append(float(output.split("pruned in ")[1].split(" s")[0]))
+        peaks.append(peak)
+        shutil.rmtree(workdir / "pruned")
+    ratios = [c / w for c, w in zip(copies, works)]
     print(f"checkpoint: {total / 1e9:.2f} GB in {len(list(source.glob('*.safetensors')))} shards, largest shard "
-          f"{largest / 1e6:.0f} MB; pruned {EXPERTS} -> {keep} experts per layer")
+          f"{largest / 1e6:.0f} MB; pruned {EXPERTS} -> {keep} experts per layer; {repeats} interleaved rounds, warm")
+    peak = max(peaks)
     print(f"prune peak RSS: {peak / 1e6:.0f} MB = largest shard {largest / 1e6:.0f} MB + libraries "
           f"{imports / 1e6:.0f} MB + {(peak - largest - imports) / 1e6:.0f} MB working set")
-    work_s = float(output.split("pruned in ")[1].split(" s")[0])
-    print(f"plain copy: {total / copy_s / 1e6:.0f} MB/s; prune: {total / work_s / 1e6:.0f} MB/s "
-          f"(ratio {copy_s / work_s:.2f}, target >= 0.5), {total / prune_s / 1e6:.0f} MB/s with the process start "
-          f"and imports (ratio {copy_s / prune_s:.2f})")
+    print(f"plain copy: {spread([total / c / 1e6 for c in copies])} MB/s; prune: "
+          f"{spread([total / w / 1e6 for w in works])} MB/s; ratio {spread(ratios)}")
+    targets.at_least("prune throughput / plain copy (median)", statistics.median(ratios), 0.5)
+    # memory follows the largest shard, not the checkpoint: shard + libraries + a working set of at most a shard
+    targets.at_most("prune peak RSS", peak / 1e6, (2 * largest + imports) / 1e6, " MB")
 
 
 def calibration_benchmark(workdir: Path) -> None:
@@ -155,23 +158,26 @@ def calibration_benchmark(workdir: Path) -> None:
     print(f"calibration forward: {p:.0f} tokens/s plain, {h:.0f} with hooks (medians of 5); overhead x{p / h:.2f}")
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gb", type=float, default=2.5)
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of copy and prune (medians)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/prune-bench"))
     parser.add_argument("--write", type=Path, help=argparse.SUPPRESS)  # internal: write the checkpoint only
     args = parser.parse_args()
     if args.write:
         print(write_checkpoint(args.write, args.gb))
-        return
+        return 0
+    targets = Targets()
     shutil.rmtree(args.workdir, ignore_errors=True)
     args.workdir.mkdir(parents=True)
     try:
-        prune_benchmark(args.workdir, args.gb)
+        prune_benchmark(args.workdir, args.gb, args.repeats, targets)
         calibration_benchmark(args.workdir)
     finally:
         shutil.rmtree(args.workdir, ignore_errors=True)
+    return targets.exit_code()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
