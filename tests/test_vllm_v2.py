@@ -29,6 +29,7 @@ from offline_wheels.source import (Source, fetch_wheel, init_keywords, instance_
 from submission.config import PROFILES, load_profile
 from submission.engines.base import GenerationRequest
 from submission.engines.vllm import LOGITS_PROCESSORS, SUB_CONFIGS, engine_kwargs, logits_processor, sampling_kwargs
+from submission.grid import is_grid_profile
 
 INTERFACE = "vllm/v1/worker/gpu/sample/logits_processor/interface.py"
 LOADER = "vllm/v1/worker/gpu/sample/logits_processor/loader.py"
@@ -339,8 +340,12 @@ def keyword_classes(source: Source) -> dict[str, set[str]]:
     return {cls: init_keywords(source.classes(path), cls) for cls, path in files.items()}
 
 
+# Every profile that starts a vLLM engine (the grid line's profiles run no vLLM).
+REASONING_PROFILES = sorted(p.stem for p in PROFILES.glob("*.toml") if not is_grid_profile(p))
+
+
 @pytest.mark.parametrize("which", SOURCES)
-@pytest.mark.parametrize("profile", sorted(p.stem for p in PROFILES.glob("*.toml")))
+@pytest.mark.parametrize("profile", REASONING_PROFILES)
 @pytest.mark.parametrize("cuda", [True, False])
 def test_engine_keywords_exist_in_vllm(which, profile, cuda, request):
     source = request.getfixturevalue(which)
@@ -370,7 +375,7 @@ def test_request_and_engine_call_keywords_exist_in_vllm(which, request):
 
 
 @pytest.mark.parametrize("which", SOURCES)
-@pytest.mark.parametrize("profile", sorted(p.stem for p in PROFILES.glob("*.toml")))
+@pytest.mark.parametrize("profile", REASONING_PROFILES)
 def test_engine_option_values_exist_in_vllm(which, profile, request):
     """A renamed choice (a KV-cache dtype, the MTP method, the grammar backend, the reasoning parser) fails here."""
     source = request.getfixturevalue(which)
