@@ -82,7 +82,7 @@ def test_the_model_config_is_checked_against_the_profile():
     plain = {k: v for k, v in MOE_CONFIG.items() if k != "quantization_config"}
     assert "recipe: build/recipes/moe-4xL4.toml" in failed("moe-4xL4", kaggle_moe(model_config=plain))["quantisation"]
     no_mtp = {k: v for k, v in MOE_CONFIG.items() if k != "mtp_num_hidden_layers"}
-    assert "2 draft tokens asked" in failed("moe-4xL4", kaggle_moe(model_config=no_mtp))["MTP layer"]
+    assert "4 draft tokens asked" in failed("moe-4xL4", kaggle_moe(model_config=no_mtp))["MTP layer"]
     dense = {"architectures": ["Qwen3ForCausalLM"], "quantization_config": {"quant_method": "compressed-tensors"}}
     assert "has none" in failed("moe-4xL4", kaggle_moe(model_config=dense))["expert parallelism"]
     assert failed("moe-4xL4", kaggle_moe(model_config=None)) == {"model config": "model/config.json is missing "

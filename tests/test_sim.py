@@ -262,7 +262,7 @@ def test_scenario_file_json_and_plots(arc_data, tmp_path):
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "scenario: profile moe-4xL4" in out.stdout and "kv_tokens = 1,200,000" in out.stdout
-    assert "schedule.cap_first_single = 80000 (profile: 96000)" in out.stdout
+    assert "schedule.cap_first_single = 80000 (profile: 75000)" in out.stdout  # the agent's 75K budget
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["scenario"]["kv_tokens"] == 1_200_000 and report["scenario"]["schedule"]["cap_first_single"] == 80000
     forecast_ = report["forecast"]
