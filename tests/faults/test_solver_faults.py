@@ -352,3 +352,33 @@ def test_an_in_process_run_never_meets_the_watchdog(setup, arc_data, tmp_path):
                           timeout=120)
     last = done.stdout.strip().splitlines()[-1]
     assert done.returncode == 0 and last.startswith("2 passed"), done.stdout[-2000:] + done.stderr[-2000:]
+
+
+CLOCK_JUMP = """
+import sys, time
+import submission.main as solver
+
+real, calls = time.time, [0]
+
+def jumping():  # the wall clock jumps two hours ahead after a few reads, then two hours back (NTP, a VM resumed)
+    calls[0] += 1
+    return real() + (7200 if 20 <= calls[0] < 60 else -7200 if calls[0] >= 60 else 0)
+
+time.time = jumping
+code = solver.main(sys.argv[1:])
+print(f"wall-clock reads: {calls[0]}", file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def test_a_wall_clock_jump_changes_nothing(setup, arc_data, tmp_path):
+    """A jump of the wall clock (NTP, a resumed VM) cannot move a deadline: the solver counts every deadline on
+    time.monotonic and never reads time.time during a run, which this run checks with a wall clock that would jump
+    two hours either way had it been read. (A survived fault: it passes on the code before issue 15 too.)"""
+    source, tasks = setup
+    started = time.monotonic()
+    done = solve(solver_args(tmp_path, profile(tmp_path, source, 0.05), arc_data), CLOCK_JUMP)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stderr.split("wall-clock reads: ")[1].split()[0]) == 0  # nothing could see the jumps
+    assert time.monotonic() - started < 120
+    assert_consistent(tmp_path, tasks)
