@@ -172,12 +172,15 @@ def test_exact_search_matches_a_brute_force_loop_across_chunks(monkeypatch):
 
 
 def test_a_real_near_duplicate_at_hamming_distance_2_is_refused(probes):
-    # selecting the largest object by cell count or by box area differs on exactly two probes of the bank
-    near = SelectMaskRender(Selector("bbox_area", "max"), MaskOp("keep", 0), (), "crop_mask", 8)
+    # filling the holes of the mirrored lowest object changes the output on exactly two probes of the fixed bank
+    # (found by searching one-node variants; a change to the probe bank must find a new pair)
+    rule = SelectMaskRender(Selector("top", "max"), MaskOp("keep", 0), ("flip_lr", "fill_holes"), "erase", 8)
+    near = SelectMaskRender(Selector("top", "max"), MaskOp("keep", 0), ("flip_lr",), "erase", 8)
     adm = admission.Admitter(len(probes))
-    assert adm.consider(dsl.rule_id(BASE), admission.behaviours(BASE, probes)).reason == "admitted"
+    assert adm.consider(dsl.rule_id(rule), admission.behaviours(rule, probes)).reason == "admitted"
     verdict = adm.consider(dsl.rule_id(near), admission.behaviours(near, probes))
-    assert (verdict.reason, verdict.raw_distance, verdict.nearest) == ("near_raw", 2, dsl.rule_id(BASE))
+    assert (verdict.reason, verdict.raw_distance, verdict.nearest) == ("near_raw", 2, dsl.rule_id(rule))
+    assert adm.ids == [dsl.rule_id(rule)]
 
 
 def test_a_transposed_rule_is_a_dihedral_duplicate(probes):

@@ -30,15 +30,23 @@ def with_key(body: np.ndarray, bg: int, mark: int) -> np.ndarray:
 
 
 def _blob(rng: np.random.Generator, colours: np.ndarray) -> np.ndarray:
-    """A random 4-connected shape in a box of 1..4 x 1..4 cells, coloured from `colours` (-1 = empty)."""
-    h, w = int(rng.integers(1, 5)), int(rng.integers(1, 5))
-    shape = np.zeros((h, w), bool)
-    r, c = int(rng.integers(h)), int(rng.integers(w))
-    shape[r, c] = True
-    for _ in range(int(rng.integers(0, h * w))):
-        dr, dc = ((1, 0), (-1, 0), (0, 1), (0, -1))[int(rng.integers(4))]  # a random walk stays 4-connected
-        r, c = int(np.clip(r + dr, 0, h - 1)), int(np.clip(c + dc, 0, w - 1))
+    """A random shape in a box of 1..5 x 1..5 cells, coloured from `colours` (-1 = empty): a 4-connected random
+    walk, a solid box or a hollow box, so that erosion, outlines and hole filling have something to act on."""
+    h, w = int(rng.integers(1, 6)), int(rng.integers(1, 6))
+    kind = int(rng.integers(3))
+    if kind == 1:
+        shape = np.ones((h, w), bool)
+    elif kind == 2:
+        shape = np.ones((h, w), bool)
+        shape[1:-1, 1:-1] = False
+    else:
+        shape = np.zeros((h, w), bool)
+        r, c = int(rng.integers(h)), int(rng.integers(w))
         shape[r, c] = True
+        for _ in range(int(rng.integers(0, 2 * h * w))):
+            dr, dc = ((1, 0), (-1, 0), (0, 1), (0, -1))[int(rng.integers(4))]  # a random walk stays 4-connected
+            r, c = int(np.clip(r + dr, 0, h - 1)), int(np.clip(c + dc, 0, w - 1))
+            shape[r, c] = True
     paint = rng.choice(colours, size=shape.shape) if rng.random() < 0.3 else np.full(shape.shape, colours[0])
     return np.where(shape, paint, -1)
 
