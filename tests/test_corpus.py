@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import hashlib
+import importlib
 import json
 import re
 
@@ -191,3 +192,21 @@ def test_a_transposed_rule_is_a_dihedral_duplicate(probes):
     assert adm.consider(dsl.rule_id(top), admission.behaviours(top, probes)).reason == "admitted"
     verdict = adm.consider(dsl.rule_id(left), admission.behaviours(left, probes))
     assert verdict.reason == "duplicate_dihedral" and verdict.raw_distance > admission.MIN_DISTANCE
+
+
+# --- the admit command ------------------------------------------------------------------------------------------
+
+def test_admit_writes_rules_and_a_funnel_and_is_deterministic(tmp_path):
+    cli = importlib.import_module("training.corpus.__main__")
+    assert doctest.testmod(cli).failed == 0
+    first = cli.admit(12, 3, tmp_path / "a")
+    cli.admit(12, 3, tmp_path / "b")
+    for name in ("rules.jsonl", "funnel.json", "funnel.png"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    assert sum(first.values()) == 12
+    lines = (tmp_path / "a" / "rules.jsonl").read_text().splitlines()
+    assert len(lines) == first["admitted"] >= 1
+    for line in lines:
+        row = json.loads(line)
+        assert dsl.rule_id(dsl.from_dict(row["rule"])) == row["id"]
+    assert (tmp_path / "a" / "funnel.png").read_bytes()[:4] == b"\x89PNG"
