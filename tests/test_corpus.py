@@ -170,6 +170,10 @@ def test_exact_search_matches_a_brute_force_loop_across_chunks(monkeypatch):
     cand = rng.integers(0, 3, (8, 24))
     brute = np.array([[int((c != r).sum()) for r in adm.matrix] for c in cand])
     assert np.array_equal(adm.distances(cand), brute)
+    restored = admission.Admitter.restored(adm.ids, adm.matrix)
+    assert np.array_equal(restored.distances(cand), brute) and restored.ids == adm.ids
+    with pytest.raises(ValueError, match="one row per id"):
+        admission.Admitter.restored(adm.ids[:-1], adm.matrix)
 
 
 def test_a_real_near_duplicate_at_hamming_distance_2_is_refused(probes):

@@ -105,6 +105,15 @@ class Admitter:
     def __post_init__(self) -> None:
         self._rows = np.empty((1024, self.n_slots), dtype=np.int64)
 
+    @classmethod
+    def restored(cls, ids: list[str], matrix: np.ndarray) -> "Admitter":
+        """An admitter holding already admitted rules (to resume a run, or to measure search at a given size)."""
+        if matrix.ndim != 2 or matrix.shape[0] != len(ids):
+            raise ValueError(f"matrix of shape {matrix.shape} does not hold one row per id ({len(ids)})")
+        adm = cls(matrix.shape[1], ids=list(ids))
+        adm._rows = np.array(matrix, dtype=np.int64)
+        return adm
+
     @property
     def matrix(self) -> np.ndarray:
         return self._rows[:len(self.ids)]
