@@ -198,6 +198,17 @@ def test_a_transposed_rule_is_a_dihedral_duplicate(probes):
     assert verdict.reason == "duplicate_dihedral" and verdict.raw_distance > admission.MIN_DISTANCE
 
 
+def test_a_stage_that_does_nothing_on_the_probe_bank_is_refused(probes):
+    boxed = SelectMaskRender(Selector("size", "max"), MaskOp("bbox", 1), ("flip_lr",), "paint", 8)
+    assert admission.redundant_stages(boxed, probes) == ["post[0]"]  # a box mirrored is the same box
+    adm = admission.Admitter(len(probes))
+    assert admission.admit_program(adm, boxed, probes).reason == "redundant_stage"
+    assert adm.ids == [] and adm.funnel == {"redundant_stage": 1}
+    plain = SelectMaskRender(Selector("size", "max"), MaskOp("bbox", 1), (), "paint", 8)
+    assert admission.redundant_stages(plain, probes) == []
+    assert admission.admit_program(adm, plain, probes).reason == "admitted"
+
+
 # --- the admit command ------------------------------------------------------------------------------------------
 
 def test_admit_writes_rules_and_a_funnel_and_is_deterministic(tmp_path):

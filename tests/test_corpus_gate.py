@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from training.corpus import gate, oracle, scenes
+from training.corpus import dsl, gate, oracle, scenes
 from training.corpus.dsl import MaskOp, SelectMaskRender, Selector
 
 PROGRAM = SelectMaskRender(Selector("size", "max"), MaskOp("dilate", 1), (), "crop_mask", 8)
@@ -76,6 +76,6 @@ def test_a_stage_that_changes_too_few_outputs_is_rejected(probes):
 
 def test_stages_with_a_neutral_form_are_listed():
     program = SelectMaskRender(Selector("top", "min"), MaskOp("outline", 2), ("flip_ud", "fill_holes"), "erase", 4)
-    names = [name for name, _ in gate.neutralised(program)]
+    names = [name for name, _ in dsl.neutralised(program)]
     assert names == ["mask", "post[0]", "post[1]", "connectivity"]
-    assert dict(gate.neutralised(program))["post[0]"].post == ("fill_holes",)
+    assert dict(dsl.neutralised(program))["post[0]"].post == ("fill_holes",)

@@ -1,8 +1,10 @@
 """python -m training.corpus admit --candidates 300 --seed 0 --out runs/corpus-admit
+python -m training.corpus generate --rules 20 --tasks-per-rule 2 --seed 0 --out runs/corpus
 
-Admission run over sampled select-mask-render programs: writes `rules.jsonl` (one admitted rule per line, id and
+`admit`: admission over sampled select-mask-render programs; writes `rules.jsonl` (one admitted rule per line, id and
 canonical JSON, in admission order), `funnel.json` and `funnel.png` (candidates per verdict), and prints the funnel.
-Same seed, same bytes. Only `admit` exists so far; `generate`, `audit` and `probe` are still to come (README here).
+`generate`: gated ARC tasks and a manifest (training/corpus/generate.py). Same seed, same bytes.
+`audit` and `probe` are still to come (README in this folder).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from rich.progress import track
 
-from training.corpus import admission, dsl, scenes
+from training.corpus import admission, dsl, generate, scenes
 
 
 def funnel_table(funnel: dict[str, int]) -> str:
@@ -24,6 +26,7 @@ def funnel_table(funnel: dict[str, int]) -> str:
     | verdict | candidates |
     | --- | --- |
     | admitted | 3 |
+    | redundant_stage | 0 |
     | too_few_valid | 0 |
     | duplicate_raw | 0 |
     | duplicate_dihedral | 0 |
@@ -61,7 +64,7 @@ def admit(candidates: int, seed: int, out: Path) -> dict[str, int]:
     admitted = []
     for i in track(order, description="admitting"):
         program = programs[int(i)]
-        if adm.consider(dsl.rule_id(program), admission.behaviours(program, probes)).reason == "admitted":
+        if admission.admit_program(adm, program, probes).reason == "admitted":
             admitted.append(program)
     out.mkdir(parents=True, exist_ok=True)
     (out / "rules.jsonl").write_text("".join(
@@ -80,8 +83,23 @@ def main(argv: list[str] | None = None) -> None:
     p_admit.add_argument("--candidates", type=int, default=300)
     p_admit.add_argument("--seed", type=int, default=0)
     p_admit.add_argument("--out", type=Path, required=True)
+    p_gen = sub.add_parser("generate", help="admit rules and write gated ARC tasks with a manifest")
+    p_gen.add_argument("--families", default="select_mask_render",
+                       help=f"comma-separated; available: {', '.join(dsl.FAMILIES)}")
+    p_gen.add_argument("--rules", type=int, default=20)
+    p_gen.add_argument("--tasks-per-rule", type=int, default=2)
+    p_gen.add_argument("--seed", type=int, default=0)
+    p_gen.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    print(funnel_table(admit(args.candidates, args.seed, args.out)))
+    if args.command == "admit":
+        print(funnel_table(admit(args.candidates, args.seed, args.out)))
+        return
+    unknown = sorted(set(args.families.split(",")) - set(dsl.FAMILIES))
+    if unknown:
+        parser.error(f"--families: {unknown} not available (have {list(dsl.FAMILIES)})")
+    counts = generate.generate(args.rules, args.tasks_per_rule, args.seed, args.out)
+    print("\n".join(["| gate verdict | tasks |", "| --- | --- |", *(f"| {k} | {v} |" for k, v in
+                                                            sorted(counts.items()))]))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ small negative code naming the oracle's error type. The eight dihedral conjugate
 only (the palette key row stays on top), since the key is metadata, not picture. A candidate is admitted when
   - at least 16 slots of its raw vector are valid (not an error),
   - its distance to every admitted vector is >= 3, raw and under every conjugate (g = identity is the raw form),
-where the distance is the number of differing slots. The search is exact: a vectorised comparison of the candidate's
+where the distance is the number of differing slots. Before that, `admit_program` refuses a program with a stage
+that does nothing on the bank (dropping a post operation, making the mask operator `keep` or switching the
+connectivity leaves every slot as it was: bbox then flip_lr is just bbox): no task could show that stage, so the gate
+would reject all of its tasks. The search is exact: a vectorised comparison of the candidate's
 8 conjugates against every admitted vector, in chunks, so its cost grows linearly with the corpus.
 `Admitter` is the pure core (arrays in, verdicts out); `behaviours` is the shell that runs the oracle.
 """
@@ -18,13 +21,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from training.corpus import oracle
+from training.corpus import dsl, oracle
 from training.corpus.dsl import Program
 
 MIN_VALID = 16
 MIN_DISTANCE = 3
 CHUNK_ROWS = 4096
-REASONS = ("admitted", "too_few_valid", "duplicate_raw", "duplicate_dihedral", "near_raw", "near_dihedral")
+REASONS = ("admitted", "redundant_stage", "too_few_valid", "duplicate_raw", "duplicate_dihedral", "near_raw",
+           "near_dihedral")
 
 
 def dihedral(grid: np.ndarray, g: int) -> np.ndarray:
@@ -167,3 +171,18 @@ class Admitter:
         dist[row] = np.iinfo(np.int32).max
         order = np.argsort(dist, kind="stable")[:k]
         return [self.ids[int(i)] for i in order]
+
+
+def redundant_stages(program: Program, probes: tuple[np.ndarray, ...]) -> list[str]:
+    """Stages whose neutral form (dsl.neutralised) has the same raw behaviour as the program on every probe."""
+    own = raw_behaviour(program, probes)
+    return [stage for stage, plain in dsl.neutralised(program)
+            if np.array_equal(raw_behaviour(plain, probes), own)]
+
+
+def admit_program(adm: Admitter, program: Program, probes: tuple[np.ndarray, ...]) -> Verdict:
+    """The shell around `Admitter.consider`: refuse redundant stages, else run the 8 conjugates and judge."""
+    if redundant_stages(program, probes):
+        adm.funnel["redundant_stage"] += 1
+        return Verdict("redundant_stage", -1, -1, None)
+    return adm.consider(dsl.rule_id(program), behaviours(program, probes))

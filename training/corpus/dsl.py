@@ -157,3 +157,19 @@ def _replace(program: Program, **changes) -> Program:
               "renderer": program.renderer, "connectivity": program.connectivity}
     fields.update(changes)
     return SelectMaskRender(**fields)
+
+
+def neutralised(program: Program) -> list[tuple[str, Program]]:
+    """(stage name, the program with that stage made neutral) for every stage that has a neutral form.
+
+    >>> p = SelectMaskRender(Selector("size", "max"), MaskOp("dilate", 1), ("flip_lr",), "paint", 4)
+    >>> [name for name, _ in neutralised(p)]
+    ['mask', 'post[0]', 'connectivity']
+    """
+    out = []
+    if program.mask.op != "keep":
+        out.append(("mask", _replace(program, mask=MaskOp("keep", 0))))
+    for i in range(len(program.post)):
+        out.append((f"post[{i}]", _replace(program, post=program.post[:i] + program.post[i + 1:])))
+    out.append(("connectivity", _replace(program, connectivity=12 - program.connectivity)))
+    return out

@@ -9,17 +9,18 @@ Checks, in order, each with its rejection reason:
   not_separated  each rival (up to 8 nearest admitted rules) and every one-node variant that behaves differently
                  on the probe bank (`distinct_variants`) is wrong on >= 2 pairs;
   shortcut       none of the 12 shortcut solvers solves it.
+Programs with a stage that does nothing on the probe bank never reach the gate (admission's redundant_stage).
 `judge_task` is pure (programs and arrays in, a report out); `make_task` draws the pairs from the scene generator.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from training.corpus import admission, dsl, oracle, scenes, shortcuts
-from training.corpus.dsl import MaskOp, Program
+from training.corpus.dsl import Program
 
 N_PAIRS = 6
 MIN_WRONG = 2
@@ -51,22 +52,6 @@ def _wrong_on(program: Program, pairs: list[Pair]) -> int:
     return wrong
 
 
-def neutralised(program: Program) -> list[tuple[str, Program]]:
-    """(stage name, the program with that stage made neutral) for every stage that has a neutral form.
-
-    >>> p = dsl.SelectMaskRender(dsl.Selector("size", "max"), MaskOp("dilate", 1), ("flip_lr",), "paint", 4)
-    >>> [name for name, _ in neutralised(p)]
-    ['mask', 'post[0]', 'connectivity']
-    """
-    out = []
-    if program.mask.op != "keep":
-        out.append(("mask", replace(program, mask=MaskOp("keep", 0))))
-    for i in range(len(program.post)):
-        out.append((f"post[{i}]", replace(program, post=program.post[:i] + program.post[i + 1:])))
-    out.append(("connectivity", replace(program, connectivity=12 - program.connectivity)))
-    return out
-
-
 def distinct_variants(program: Program, probes: tuple[np.ndarray, ...]) -> list[Program]:
     """One-node variants that admission would tell apart from `program` (raw behaviour differs on the probe bank).
 
@@ -89,7 +74,7 @@ def judge_task(program: Program, pairs: list[Pair], probes: tuple[np.ndarray, ..
         return GateReport("shape", "all outputs have one shape")
     if _wrong_on(program, pairs):
         return GateReport("replay", "the oracle does not reproduce every pair")
-    for stage, ablated in neutralised(program):
+    for stage, ablated in dsl.neutralised(program):
         if _wrong_on(ablated, pairs) < MIN_WRONG:
             return GateReport("stage", f"{stage} changes fewer than {MIN_WRONG} outputs")
     for rival in list(rivals) + distinct_variants(program, probes):
@@ -113,7 +98,7 @@ def make_task(program: Program, rng: np.random.Generator, probes: tuple[np.ndarr
         if (x.shape, x.tobytes()) not in seen:
             seen.add((x.shape, x.tobytes()))
             candidates.append((x, y))
-    others = [p for _, p in neutralised(program)] + list(rivals) + distinct_variants(program, probes)
+    others = [p for _, p in dsl.neutralised(program)] + list(rivals) + distinct_variants(program, probes)
     wrong = np.array([[_wrong_on(other, [pair]) for other in others] for pair in candidates], dtype=np.int32)
     chosen: list[int] = []
     covered = np.zeros(len(others), dtype=np.int32)
