@@ -160,6 +160,12 @@ def test_admission_distance_rules_on_plain_vectors():
                           "duplicate_dihedral": 1}
 
 
+def test_nearest_excludes_the_rule_itself_and_orders_by_distance():
+    adm = admission.Admitter.restored(["a", "b", "c"], np.array([[0] * 20, [0] * 17 + [1] * 3, [1] * 20]))
+    assert adm.nearest(0) == ["b", "c"]
+    assert adm.nearest(2, k=1) == ["b"]
+
+
 def test_exact_search_matches_a_brute_force_loop_across_chunks(monkeypatch):
     monkeypatch.setattr(admission, "CHUNK_ROWS", 7)
     rng = np.random.default_rng(3)

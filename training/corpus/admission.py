@@ -168,9 +168,8 @@ class Admitter:
     def nearest(self, row: int, k: int = 8) -> list[str]:
         """Ids of the k admitted rules nearest (raw distance) to admitted rule number `row`, itself excluded."""
         dist = self.distances(self.matrix[row][None, :])[0]
-        dist[row] = np.iinfo(np.int32).max
-        order = np.argsort(dist, kind="stable")[:k]
-        return [self.ids[int(i)] for i in order]
+        order = [int(i) for i in np.argsort(dist, kind="stable") if i != row]
+        return [self.ids[i] for i in order[:k]]
 
 
 def redundant_stages(program: Program, probes: tuple[np.ndarray, ...]) -> list[str]:
