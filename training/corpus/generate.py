@@ -37,10 +37,12 @@ def task_rng(seed: int, rule: str, k: int, attempt: int) -> np.random.Generator:
     return np.random.default_rng([seed, int(rule[:15], 16), k, attempt])
 
 
-def generate(rules: int, tasks_per_rule: int, seed: int, out: Path, tries: int = 3) -> Counter:
-    """Admit up to `rules` rules from the family's programs in a seeded order, then gate tasks for each."""
+def generate(rules: int, tasks_per_rule: int, seed: int, out: Path, tries: int = 3,
+             programs: list[dsl.Program] | None = None) -> Counter:
+    """Admit up to `rules` rules from `programs` (default: all of the family's) in a seeded order, then gate tasks
+    for each. Returns the gate's verdicts counted by reason (plus no_scene)."""
     probes = scenes.probe_bank()
-    programs = dsl.all_programs()
+    programs = dsl.all_programs() if programs is None else programs
     adm = admission.Admitter(len(probes))
     admitted: list[dsl.Program] = []
     for i in np.random.default_rng(seed).permutation(len(programs)):
