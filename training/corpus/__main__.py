@@ -1,22 +1,27 @@
 """python -m training.corpus admit --candidates 300 --seed 0 --out runs/corpus-admit
 python -m training.corpus generate --rules 20 --tasks-per-rule 2 --seed 0 --out runs/corpus
+python -m training.corpus audit runs/corpus [--arc-data ../shared/arc-data]
 
 `admit`: admission over sampled select-mask-render programs; writes `rules.jsonl` (one admitted rule per line, id and
 canonical JSON, in admission order), `funnel.json` and `funnel.png` (candidates per verdict), and prints the funnel.
 `generate`: gated ARC tasks and a manifest (training/corpus/generate.py). Same seed, same bytes.
-`audit` and `probe` are still to come (README in this folder).
+`audit`: replays every gate and looks for leaks of public ARC data (training/corpus/audit.py); exit 1 on a finding.
+`probe` is still to come (README in this folder).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 from rich.progress import track
 
-from training.corpus import admission, dsl, generate, scenes
+from training.corpus import admission, audit, dsl, generate, scenes
+
+DEFAULT_ARC_DATA = Path(os.environ.get("ARC_DATA", Path(__file__).resolve().parents[3] / "shared" / "arc-data"))
 
 
 def funnel_table(funnel: dict[str, int]) -> str:
@@ -90,7 +95,20 @@ def main(argv: list[str] | None = None) -> None:
     p_gen.add_argument("--tasks-per-rule", type=int, default=2)
     p_gen.add_argument("--seed", type=int, default=0)
     p_gen.add_argument("--out", type=Path, required=True)
+    p_audit = sub.add_parser("audit", help="replay every gate and check for leaks of public ARC data")
+    p_audit.add_argument("corpus", type=Path)
+    p_audit.add_argument("--arc-data", type=Path, default=DEFAULT_ARC_DATA,
+                         help="folder of ARC task JSON files, searched recursively (default: $ARC_DATA or "
+                              "../shared/arc-data)")
     args = parser.parse_args(argv)
+    if args.command == "audit":
+        if not args.arc_data.is_dir():
+            parser.error(f"--arc-data: {args.arc_data} is not a folder")
+        findings = audit.audit(args.corpus, args.arc_data)
+        for f in findings:
+            print(f"{f.task}: {f.kind}: {f.detail}")
+        print(f"{len(findings)} findings")
+        raise SystemExit(1 if findings else 0)
     if args.command == "admit":
         print(funnel_table(admit(args.candidates, args.seed, args.out)))
         return
