@@ -53,3 +53,15 @@ def test_a_planted_evaluation_pair_is_caught_under_symmetry_and_recolouring(corp
     with pytest.raises(SystemExit) as stop:
         cli.main(["audit", str(planted), "--arc-data", str(evaluation)])
     assert stop.value.code == 1
+
+
+def test_a_rule_with_tasks_in_both_splits_is_a_finding(corpus, evaluation, tmp_path):
+    mixed = tmp_path / "mixed"
+    shutil.copytree(corpus, mixed)
+    row = json.loads((mixed / "manifest.jsonl").read_text())
+    task = (mixed / "tasks" / f"{row['task']}.json").read_text()
+    (mixed / "heldout" / f"{row['rule_id']}-9.json").write_text(task)
+    twin = dict(row, task=f"{row['rule_id']}-9", split="heldout")
+    (mixed / "manifest.jsonl").write_text(json.dumps(row) + "\n" + json.dumps(twin) + "\n")
+    findings = audit.audit(mixed, evaluation)
+    assert [(f.task, f.kind) for f in findings] == [(row["rule_id"], "split")]

@@ -28,6 +28,7 @@ def test_generate_writes_tasks_that_replay_and_is_deterministic(tmp_path):
     for row in rows:
         program = dsl.from_dict(row["rule"], f"manifest {row['task']}")
         assert dsl.rule_id(program) == row["rule_id"] and row["task"].startswith(row["rule_id"])
+        assert row["split"] == "train"  # 5% of two rules rounds to none held out
         task = json.loads((tmp_path / "a" / "tasks" / f"{row['task']}.json").read_text())
         assert (len(task["train"]), len(task["test"])) == (5, 1)
         pairs = [(np.array(p["input"], dtype=np.int8), np.array(p["output"], dtype=np.int8))
@@ -36,3 +37,12 @@ def test_generate_writes_tasks_that_replay_and_is_deterministic(tmp_path):
             assert np.array_equal(oracle.run(program, x), y)
         # the gate, replayed from the files alone (without the nearest admitted rivals), still accepts
         assert gate.judge_task(program, pairs, probes).accepted
+
+
+def test_held_out_rules_are_five_percent_per_family_and_stable():
+    rules = dsl.all_programs()[::97]  # 158 rules
+    chosen = generate.held_out(rules)
+    assert len(chosen) == round(0.05 * len(rules)) == 8
+    assert chosen <= {dsl.rule_id(r) for r in rules}
+    assert generate.held_out(rules[::-1]) == chosen  # order does not matter
+    assert generate.held_out(rules[:-1]) & chosen  # a smaller corpus keeps most of its choice

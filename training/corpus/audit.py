@@ -5,6 +5,7 @@ Replay: each task's rule is read from the manifest. The oracle must reproduce ev
 again, with rivals = the 8 nearest rules of the manifest by raw behaviour on the probe bank. (The generator's rivals
 came from the whole admitted set. Rules admitted without a task are not in the manifest, so this replay is
 approximate.)
+Held-out rules keep all of their tasks in the held-out folder (a rule with tasks in both splits is a finding).
 Leakage: every input, every pair and every task is reduced to a key that ignores the eight symmetries of the square
 and the colour names. Colours are renumbered by first appearance, row by row, after the symmetry; a pair is
 transformed as a whole, so input and output share one symmetry and one renumbering. A key found in any task of the
@@ -23,7 +24,7 @@ import numpy as np
 from rich.progress import track
 
 from training.corpus import admission, dsl, gate, oracle, scenes
-from training.corpus.generate import NEAREST
+from training.corpus.generate import NEAREST, SPLIT_DIRS
 
 
 def canonical_key(grids: tuple[np.ndarray, ...]) -> bytes:
@@ -82,7 +83,7 @@ def index_arc(files: list[Path], root: Path) -> ArcIndex:
 @dataclass(frozen=True)
 class Finding:
     task: str
-    kind: str  # replay | gate | input | pair | task
+    kind: str  # split | replay | gate | input | pair | task
     detail: str
 
 
@@ -104,10 +105,14 @@ def audit(corpus: Path, arc_data: Path) -> list[Finding]:
     adm = admission.Admitter.restored(ids, np.array([admission.raw_behaviour(programs[i], probes) for i in ids])
                                       .reshape(len(ids), len(probes)))
     index = index_arc(sorted(arc_data.rglob("*.json")), arc_data)
-    findings = []
+    splits: dict[str, set[str]] = {}
+    for row in rows:
+        splits.setdefault(row["rule_id"], set()).add(row["split"])
+    findings = [Finding(rid, "split", f"tasks in {sorted(found)}: a held-out rule must stay apart")
+                for rid, found in sorted(splits.items()) if len(found) > 1]
     for row in track(rows, description="auditing"):
         program, name = programs[row["rule_id"]], row["task"]
-        pairs = load_pairs(corpus / "tasks" / f"{name}.json")
+        pairs = load_pairs(corpus / SPLIT_DIRS[row["split"]] / f"{name}.json")
         if any(not np.array_equal(_run(program, x), y) for x, y in pairs):
             findings.append(Finding(name, "replay", "the oracle does not reproduce every pair"))
         else:

@@ -2,15 +2,17 @@
 
 `python -m training.corpus generate --rules N --tasks-per-rule K --seed S --out DIR` writes
   DIR/tasks/<rule id>-<k>.json   ARC format: five "train" pairs and one "test" pair;
-  DIR/manifest.jsonl             one row per task: task, rule id, family, rule JSON, gate report, seed;
+  DIR/heldout/<rule id>-<k>.json the same for held-out rules (5% of each family's admitted rules), kept apart;
+  DIR/manifest.jsonl             one row per task: task, split, rule id, family, rule JSON, gate report, seed;
   DIR/gate.json                  the gate's rejections counted by reason.
 A rule gets up to `tries` proposals per task; the nearest 8 admitted rules (raw behaviour distance) are the gate's
 rivals. Each task's random stream is derived from (seed, rule id, k), so the same seed gives byte-identical files.
-Held-out rules, the leakage audit, composition and parallel workers are not built yet (README in this folder).
+Composition and parallel workers are not built yet (README in this folder).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -21,6 +23,24 @@ from rich.progress import track
 from training.corpus import admission, dsl, gate, scenes
 
 NEAREST = 8
+HELD_OUT = 0.05
+SPLIT_DIRS = {"train": "tasks", "heldout": "heldout"}
+
+
+def held_out(rules: list[dsl.Program], fraction: float = HELD_OUT) -> set[str]:
+    """Ids of round(fraction x n) rules per family, chosen by a hash of the id: the choice depends only on which
+    rules were admitted, never on the order or the seed.
+
+    >>> rules = dsl.all_programs()[:40]
+    >>> len(held_out(rules)), held_out(rules) == held_out(rules[::-1])
+    (2, True)
+    """
+    chosen: set[str] = set()
+    for family in sorted({r.family for r in rules}):
+        ids = sorted((dsl.rule_id(r) for r in rules if r.family == family),
+                     key=lambda i: hashlib.blake2b(f"heldout:{i}".encode(), digest_size=8).digest())
+        chosen.update(ids[:round(fraction * len(ids))])
+    return chosen
 
 
 def task_json(pairs: list[gate.Pair]) -> dict:
@@ -52,7 +72,9 @@ def generate(rules: int, tasks_per_rule: int, seed: int, out: Path, tries: int =
         if admission.admit_program(adm, program, probes).reason == "admitted":
             admitted.append(program)
     by_id = {dsl.rule_id(p): p for p in admitted}
-    (out / "tasks").mkdir(parents=True, exist_ok=True)
+    kept_apart = held_out(admitted)
+    for folder in SPLIT_DIRS.values():
+        (out / folder).mkdir(parents=True, exist_ok=True)
     counts: Counter = Counter()
     manifest = []
     for row, program in enumerate(track(admitted, description="gating")):
@@ -69,8 +91,9 @@ def generate(rules: int, tasks_per_rule: int, seed: int, out: Path, tries: int =
                 counts[report.reason] += 1
                 if report.accepted:
                     name = f"{rid}-{k}"
-                    (out / "tasks" / f"{name}.json").write_text(json.dumps(task_json(pairs)) + "\n")
-                    manifest.append({"task": name, "rule_id": rid, "family": program.family,
+                    split = "heldout" if rid in kept_apart else "train"
+                    (out / SPLIT_DIRS[split] / f"{name}.json").write_text(json.dumps(task_json(pairs)) + "\n")
+                    manifest.append({"task": name, "split": split, "rule_id": rid, "family": program.family,
                                      "rule": dsl.to_dict(program), "gate": report.reason, "seed": seed})
                     break
     (out / "manifest.jsonl").write_text("".join(json.dumps(m, sort_keys=True) + "\n" for m in manifest))
