@@ -40,6 +40,7 @@ def test_rule_id_is_blake2b_128_of_canonical_json_and_survives_a_round_trip():
     (("renderer",), "draw", "renderer"),
     (("connectivity",), 6, "connectivity"),
     (("post",), ["spin"], "post[0]"),
+    (("post",), ["flip_lr", "flip_lr"], "post: at most 2 different"),
 ])
 def test_bad_rule_json_names_the_source_and_the_field(field, value, named):
     data = dsl.to_dict(BASE)

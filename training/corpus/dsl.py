@@ -57,8 +57,8 @@ class SelectMaskRender:
         _check("mask.amount", self.mask.amount, MASK_OPS[self.mask.op])
         for i, name in enumerate(self.post):
             _check(f"post[{i}]", name, POST_OPS)
-        if len(self.post) > 2:
-            raise ProgramError(f"post: at most 2 post operations, got {len(self.post)}")
+        if len(self.post) > 2 or len(set(self.post)) < len(self.post):
+            raise ProgramError(f"post: at most 2 different post operations, got {list(self.post)}")
         _check("renderer", self.renderer, RENDERERS)
         _check("connectivity", self.connectivity, CONNECTIVITIES)
         _check("family", self.family, FAMILIES)
