@@ -1,0 +1,187 @@
+"""Admission by behaviour (SPEC 11): a rule enters the corpus only if it does something new on the fixed probe bank.
+
+A behaviour vector holds one code per probe slot: a 63-bit BLAKE2b digest of the output (shape and cells), or a
+small negative code naming the oracle's error type. The eight dihedral conjugates x -> g^-1(p(g x)) act on the body
+only (the palette key row stays on top), since the key is metadata, not picture. A candidate is admitted when
+  - at least 16 slots of its raw vector are valid (not an error),
+  - its distance to every admitted vector is >= 3, raw and under every conjugate (g = identity is the raw form),
+where the distance is the number of differing slots. Before that, `admit_program` refuses a program with a stage
+that does nothing on the bank (dropping a post operation, making the mask operator `keep` or switching the
+connectivity leaves every slot as it was: bbox then flip_lr is just bbox): no task could show that stage, so the gate
+would reject all of its tasks. The search is exact: a vectorised comparison of the candidate's
+8 conjugates against every admitted vector, in chunks, so its cost grows linearly with the corpus.
+`Admitter` is the pure core (arrays in, verdicts out); `behaviours` is the shell that runs the oracle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from training.corpus import dsl, oracle
+from training.corpus.dsl import Program
+
+MIN_VALID = 16
+MIN_DISTANCE = 3
+CHUNK_ROWS = 4096
+REASONS = ("admitted", "redundant_stage", "too_few_valid", "duplicate_raw", "duplicate_dihedral", "near_raw",
+           "near_dihedral")
+
+
+def dihedral(grid: np.ndarray, g: int) -> np.ndarray:
+    """The g-th of the 8 symmetries of the square (0 = identity; 4..7 mirror first, then rotate).
+
+    >>> dihedral(np.array([[1, 2]]), 1).tolist(), dihedral(np.array([[1, 2]]), 4).tolist()
+    ([[2], [1]], [[2, 1]])
+    """
+    return np.rot90(grid[:, ::-1] if g >= 4 else grid, g % 4)
+
+
+def dihedral_inverse(grid: np.ndarray, g: int) -> np.ndarray:
+    """Undo `dihedral(., g)`.
+
+    >>> x = np.arange(6).reshape(2, 3)
+    >>> all(np.array_equal(dihedral_inverse(dihedral(x, g), g), x) for g in range(8))
+    True
+    """
+    back = np.rot90(grid, -(g % 4))
+    return back[:, ::-1] if g >= 4 else back
+
+
+def conjugate_input(grid: np.ndarray, g: int) -> np.ndarray:
+    """Apply g to the body of a keyed input and lay the key row out again above it (a bad key stays bad)."""
+    if grid.shape[0] < 2 or grid.shape[1] < 2:
+        return grid
+    body = dihedral(grid[1:], g)
+    key = np.full((1, body.shape[1]), grid[0, 0], dtype=grid.dtype)
+    key[0, :min(body.shape[1], grid.shape[1])] = grid[0, :body.shape[1]]
+    return np.vstack([key, body])
+
+
+def code(output: np.ndarray) -> int:
+    """A non-negative 63-bit digest of an output's shape and cells."""
+    data = np.asarray(output, dtype=np.int8)
+    digest = hashlib.blake2b(bytes(data.shape) + data.tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def error_code(err: oracle.OracleError) -> int:
+    """-1 .. -4, one per oracle error type."""
+    return -1 - oracle.ERRORS.index(type(err))
+
+
+def raw_behaviour(program: Program, probes: tuple[np.ndarray, ...]) -> np.ndarray:
+    """The (n_probes,) raw behaviour vector alone (row 0 of `behaviours`, 8 times cheaper)."""
+    return behaviours(program, probes, conjugates=1)[0]
+
+
+def behaviours(program: Program, probes: tuple[np.ndarray, ...], conjugates: int = 8) -> np.ndarray:
+    """An (8, n_probes) int64 array: row g is the behaviour of the conjugate x -> g^-1(p(g x)); row 0 is raw."""
+    out = np.empty((conjugates, len(probes)), dtype=np.int64)
+    for g in range(conjugates):
+        for i, probe in enumerate(probes):
+            try:
+                out[g, i] = code(dihedral_inverse(oracle.run(program, conjugate_input(probe, g)), g))
+            except oracle.OracleError as err:
+                out[g, i] = error_code(err)
+    return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    reason: str  # one of REASONS
+    raw_distance: int  # to the nearest admitted vector (-1 when the corpus is empty)
+    dihedral_distance: int
+    nearest: str | None  # id of the nearest admitted rule under any conjugate
+
+
+@dataclass
+class Admitter:
+    """The admitted behaviour vectors (one row per rule) and the funnel of every verdict so far."""
+    n_slots: int
+    ids: list[str] = field(default_factory=list)
+    funnel: Counter = field(default_factory=Counter)
+    _rows: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self._rows = np.empty((1024, self.n_slots), dtype=np.int64)
+
+    @classmethod
+    def restored(cls, ids: list[str], matrix: np.ndarray) -> "Admitter":
+        """An admitter holding already admitted rules (to resume a run, or to measure search at a given size)."""
+        if matrix.ndim != 2 or matrix.shape[0] != len(ids):
+            raise ValueError(f"matrix of shape {matrix.shape} does not hold one row per id ({len(ids)})")
+        adm = cls(matrix.shape[1], ids=list(ids))
+        adm._rows = np.array(matrix, dtype=np.int64)
+        return adm
+
+    @property
+    def matrix(self) -> np.ndarray:
+        return self._rows[:len(self.ids)]
+
+    def distances(self, conjugates: np.ndarray) -> np.ndarray:
+        """(8, n_admitted) Hamming distances from each conjugate to each admitted raw vector, exact."""
+        n = len(self.ids)
+        out = np.empty((conjugates.shape[0], n), dtype=np.int32)
+        for start in range(0, n, CHUNK_ROWS):
+            rows = self._rows[start:min(start + CHUNK_ROWS, n)]
+            out[:, start:start + rows.shape[0]] = (rows[None, :, :] != conjugates[:, None, :]).sum(axis=2)
+        return out
+
+    def judge(self, conjugates: np.ndarray) -> Verdict:
+        """The verdict for a candidate's (8, n_slots) behaviours, without admitting it."""
+        if conjugates.shape != (8, self.n_slots):
+            raise ValueError(f"behaviours must have shape (8, {self.n_slots}), got {conjugates.shape}")
+        if int((conjugates[0] >= 0).sum()) < MIN_VALID:
+            return Verdict("too_few_valid", -1, -1, None)
+        if not self.ids:
+            return Verdict("admitted", -1, -1, None)
+        dist = self.distances(conjugates)
+        raw, best = int(dist[0].min()), int(dist.min())
+        nearest = self.ids[int(np.unravel_index(int(np.argmin(dist)), dist.shape)[1])]
+        if raw == 0:
+            reason = "duplicate_raw"
+        elif best == 0:
+            reason = "duplicate_dihedral"
+        elif raw < MIN_DISTANCE:
+            reason = "near_raw"
+        elif best < MIN_DISTANCE:
+            reason = "near_dihedral"
+        else:
+            reason = "admitted"
+        return Verdict(reason, raw, best, nearest)
+
+    def consider(self, rule: str, conjugates: np.ndarray) -> Verdict:
+        """Judge a candidate, count the verdict in the funnel, and admit it if the verdict says so."""
+        verdict = self.judge(conjugates)
+        self.funnel[verdict.reason] += 1
+        if verdict.reason == "admitted":
+            if len(self.ids) == self._rows.shape[0]:
+                self._rows = np.concatenate([self._rows, np.empty_like(self._rows)])
+            self._rows[len(self.ids)] = conjugates[0]
+            self.ids.append(rule)
+        return verdict
+
+    def nearest(self, row: int, k: int = 8) -> list[str]:
+        """Ids of the k admitted rules nearest (raw distance) to admitted rule number `row`, itself excluded."""
+        dist = self.distances(self.matrix[row][None, :])[0]
+        order = [int(i) for i in np.argsort(dist, kind="stable") if i != row]
+        return [self.ids[i] for i in order[:k]]
+
+
+def redundant_stages(program: Program, probes: tuple[np.ndarray, ...]) -> list[str]:
+    """Stages whose neutral form (dsl.neutralised) has the same raw behaviour as the program on every probe."""
+    own = raw_behaviour(program, probes)
+    return [stage for stage, plain in dsl.neutralised(program)
+            if np.array_equal(raw_behaviour(plain, probes), own)]
+
+
+def admit_program(adm: Admitter, program: Program, probes: tuple[np.ndarray, ...]) -> Verdict:
+    """The shell around `Admitter.consider`: refuse redundant stages, else run the 8 conjugates and judge."""
+    if redundant_stages(program, probes):
+        adm.funnel["redundant_stage"] += 1
+        return Verdict("redundant_stage", -1, -1, None)
+    return adm.consider(dsl.rule_id(program), behaviours(program, probes))
