@@ -9,7 +9,9 @@ classes (Qwen3, Qwen3-MoE, Qwen3-Next), the same safetensors layout and the real
 thinking. The tokenizer is a byte-level BPE trained on a small built-in corpus, digits split one per token as in
 Qwen's tokenizer. By default the output-head rows of <|im_end|> and <|endoftext|> are zeroed (build.patch_eot's
 end-of-turn patch, applied in memory), so that (with top-k sampling) thinking is not cut short by an end of turn.
-head_dim is 64 because vLLM's CPU attention rejects 16.
+head_dim is 64 because vLLM's CPU attention rejects 16. `--topology` writes a real model's full set of tensors
+(layers, experts, MTP, names, shards, config keys) at tiny widths instead (build.topology); those checkpoints are
+unpatched, as a release is.
 """
 
 from __future__ import annotations
