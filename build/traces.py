@@ -5,8 +5,8 @@
 Each trace: the task's prompt exactly as the solver renders it (chat template, thinking on), thinking sampled from the
 model itself (T=0.6), then an answer: the true output grid, the program cue and a program (the example program for the
 task where examples/programs has one, else a stand-in), with the segment boundaries marked. `--thinking 0` leaves the
-thinking empty and never loads the model (checkpoints too large to run whole, e.g. the full-topology ones). For a real model, prefer
-traces from a real run (the solver's completions); this maker is for demos and for models that cannot run the solver.
+thinking empty and never loads the model (checkpoints too large to run whole, e.g. the full-topology ones). For a
+real model, prefer traces from a real run (the solver's completions); this maker is for demos and for models that cannot run the solver.
 """
 
 from __future__ import annotations
