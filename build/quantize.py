@@ -378,10 +378,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     by_scheme: dict[str, list[float]] = {}
     for row in report.values():
-        by_scheme.setdefault(row["scheme"], []).append(row.get("relative_error", float("nan")))
+        by_scheme.setdefault(row["scheme"], []).append(row.get("relative_error"))
     for scheme, errors in by_scheme.items():
-        print(f"{scheme:12s} {len(errors):5d} tensors, relative error mean {sum(errors) / len(errors):.4f}, "
-              f"max {max(errors):.4f}")
+        measured = [e for e in errors if e is not None]
+        print(f"{scheme:12s} {len(errors):5d} tensors" + (f", relative error mean {sum(measured) / len(measured):.4f}, "
+                                                         f"max {max(measured):.4f}" if measured else ""))
     print(args.out)
     return 0
 
