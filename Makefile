@@ -61,7 +61,7 @@ vllm-gpu-wheel: env
 test: engine-env build-env unsloth-env vllm-gpu-wheel
 	$(EPY) -m pytest -q tests
 	$(BPY) -m pytest -q tests/test_prune.py tests/test_patch_eot.py tests/test_quantize.py tests/test_pipeline.py \
-	    tests/test_rft.py
+	    tests/test_rft.py tests/test_fused_groups.py tests/test_layerwise.py tests/test_build_scale.py
 	$(BPY) -m pytest -q tests/test_grid_ttt.py tests/test_grid_workers.py tests/test_grid_tune.py
 	$(UPY) -m pytest -q tests/test_rft.py -k unsloth
 
@@ -107,9 +107,15 @@ simulate: env
 
 # Expert pruning end to end on a tiny Qwen3-MoE: traces from real ARC tasks through the solver's prompt renderer,
 # routing statistics, expert lists and their report, the pruned checkpoint.
+# With TOPOLOGY=qwen3-next-80b (or qwen3-30b-a3b): the real model's tensors at tiny widths (build.topology), and every
+# step at that scale: calibrate (layer by layer) -> lists -> prune -> quantise -> patch -> likelihood check, each
+# step's time and peak memory printed.
 PD = $(OUT)/prune-demo
+TOPOLOGY ?=
+TIMED = /usr/bin/time -f "  -> %e s, peak RSS %M kB"
 prune-demo: build-env
 	rm -rf $(PD) && mkdir -p $(PD)
+ifeq ($(TOPOLOGY),)
 	$(BPY) -m build.tiny --arch qwen3_moe --out $(PD)/model --max-shard-size 300KB
 	$(BPY) -m build.traces --model $(PD)/model --tasks $(ARC_DATA)/arc-agi-2/training --max-tasks 24 \
 	    --out $(PD)/traces.jsonl
@@ -117,6 +123,19 @@ prune-demo: build-env
 	$(BPY) -m build.experts --stats $(PD)/stats.npz --config build/lists-tiny.toml --out $(PD)/lists
 	$(BPY) -m build.prune --model $(PD)/model --list $(PD)/lists/c1.json --out $(PD)/pruned
 	@echo "pruned checkpoint: $(PD)/pruned (provenance in $(PD)/pruned/pruning.json)"
+else
+	$(TIMED) $(BPY) -m build.tiny --topology $(TOPOLOGY) --out $(PD)/model
+	$(TIMED) $(BPY) -m build.traces --model $(PD)/model --tasks $(ARC_DATA)/arc-agi-2/training --max-tasks 4 \
+	    --thinking 0 --out $(PD)/traces.jsonl
+	$(TIMED) $(BPY) -m build.calibrate --model $(PD)/model --traces $(PD)/traces.jsonl --out $(PD)/stats.npz
+	$(TIMED) $(BPY) -m build.experts --stats $(PD)/stats.npz --config build/lists.toml --out $(PD)/lists
+	$(TIMED) $(BPY) -m build.prune --model $(PD)/model --list $(PD)/lists/c8.json --out $(PD)/pruned
+	$(TIMED) $(BPY) -m build.quantize --model $(PD)/pruned --recipe build/recipes/moe-4xL4.toml \
+	    --out $(PD)/quantized --no-report
+	$(TIMED) $(BPY) -m build.patch_eot --model $(PD)/quantized --out $(PD)/patched
+	$(TIMED) $(BPY) -m build.check_quality --reference $(PD)/pruned --candidate $(PD)/patched \
+	    --traces $(PD)/traces.jsonl --recipe build/recipes/moe-4xL4.toml
+endif
 
 # The locked wheels of a bundle target, downloaded into ~/.cache/arc-kit/wheels/TARGET and checked against
 # offline_wheels/locks/TARGET.txt.
@@ -170,6 +189,7 @@ bench: env build-env
 	$(BPY) benchmarks/prune_and_calibrate.py || echo prune_and_calibrate >> $(MISSED)
 	$(BPY) benchmarks/quantize_throughput.py || echo quantize_throughput >> $(MISSED)
 	$(BPY) benchmarks/grid_throughput.py || echo grid_throughput >> $(MISSED)
+	$(BPY) benchmarks/build_scale.py || echo build_scale >> $(MISSED)
 	@if [ -f $(MISSED) ]; then echo "missed a target or failed: $$(tr '\n' ' ' < $(MISSED))"; exit 1; fi
 
 clean:

@@ -7,8 +7,10 @@ models, by length bin (build.stats.BINS), and the difference candidate - referen
 calibrated FP8 KV cache moved it by < 0.0005, naive INT4 attention broke the model at +0.64 (SPEC section 8). The
 verdict passes when the difference is at most `threshold`. Also the mean probability of `</think>` over windows of
 the thinking: a candidate that raises it markedly (`think_end_ratio`) will stop thinking early. Traces use the
-calibration format (build.calibrate); the best traces are the reference model's own completions. Both models load
-with transformers on the CPU (or a GPU): quantised checkpoints are decompressed where no kernel exists.
+calibration format (build.calibrate); the best traces are the reference model's own completions. Each model runs in
+turn, one decoder layer at a time from its shards (build.layerwise, transformers' modules, CPU or GPU): memory is one
+layer plus the hidden states of `--chunk-tokens` tokens, never two models. A quantised candidate is dequantised
+module by module in memory as its layers load (compressed-tensors' compressors): no dequantised copy is written.
 """
 
 from __future__ import annotations
@@ -37,57 +39,63 @@ class Quality:
     reason: str
 
 
-def token_nll(model, ids: list[int], device: str = "cpu") -> np.ndarray:
-    """NLL of every token given its prefix (the first token gets none: index 0 is nan)."""
+def token_scores(hidden, head, ids: list[int], think_end: int, rows: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    """From final hidden states [tokens, hidden] and the output head's weight: the NLL of every token given its
+    prefix (index 0: nan) and p(`</think>`) as the next token at every position. Logits are made `rows` positions at a
+    time (a 150k vocabulary x 30k positions would be 18 GB at once)."""
     import torch
 
+    target = torch.tensor(ids[1:] + [0], device=hidden.device)
+    nll, end = [], []
     with torch.no_grad():
-        logits = model(torch.tensor([ids], device=device)).logits[0].float()
-    logp = torch.log_softmax(logits[:-1], dim=-1)
-    nll = -logp.gather(1, torch.tensor(ids[1:], device=device)[:, None])[:, 0]
-    return np.concatenate([[np.nan], nll.cpu().numpy()])
+        for start in range(0, hidden.shape[0], rows):
+            logp = torch.log_softmax(torch.nn.functional.linear(hidden[start:start + rows], head).float(), dim=-1)
+            nll.append(-logp.gather(1, target[start:start + rows, None])[:, 0])
+            end.append(logp[:, think_end].exp())
+    nll = torch.cat(nll).cpu().numpy()
+    return np.concatenate([[np.nan], nll[:-1]]), torch.cat(end).cpu().numpy()
 
 
-def think_end_probability(model, ids: list[int], think_end: int, start: int, end: int, window: int,
-                          device: str = "cpu") -> list[float]:
-    """Mean probability of `</think>` as the next token, per window of the thinking segment."""
-    import torch
+def window_means(values: np.ndarray, window: int) -> list[float]:
+    return [float(values[i:i + window].mean()) for i in range(0, len(values), window)]
 
-    with torch.no_grad():
-        probs = torch.softmax(model(torch.tensor([ids], device=device)).logits[0].float(), dim=-1)[:, think_end]
-    values = probs[start:end].cpu().numpy()
-    return [float(values[i:i + window].mean()) for i in range(0, len(values), window) if len(values[i:i + window])]
+
+def score(model: str | Path, traces: list[dict], think_end: int, window: int = 256, device: str = "cpu",
+          chunk_tokens: int = 65536, on_step=None) -> tuple[list[np.ndarray], list[list[float]]]:
+    """Per trace, the NLL of each token and the mean p(`</think>`) per window of its thinking, run layer by layer
+    (build.layerwise): one decoder layer resident, a quantised checkpoint dequantised as each layer loads."""
+    from build.layerwise import LayerRunner
+
+    runner = LayerRunner(model, device, "float32", head=True)
+    nlls: list[np.ndarray] = [np.empty(0)] * len(traces)
+    ends: list[list[float]] = [[] for _ in traces]
+    for group, hidden in runner.run([t["token_ids"] for t in traces], chunk_tokens, progress=on_step):
+        for index, h in zip(group, hidden):
+            trace = traces[index]
+            nlls[index], end = token_scores(h, runner.head.weight, trace["token_ids"], think_end)
+            t0, t1 = trace["segments"]["thinking"]
+            ends[index] = window_means(end[t0:t1], window) if t1 > t0 else []
+    return nlls, ends
 
 
 def compare(reference: str | Path, candidate: str | Path, traces: list[dict], threshold: float = 0.02,
-            think_end_ratio: float = 2.0, window: int = 256, device: str = "cpu") -> Quality:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+            think_end_ratio: float = 2.0, window: int = 256, device: str = "cpu", chunk_tokens: int = 65536,
+            on_step=None) -> Quality:
+    """Score the traces under each model in turn (never both in memory) and compare."""
+    from transformers import AutoTokenizer
 
     think_end = AutoTokenizer.from_pretrained(reference).convert_tokens_to_ids("</think>")
-    if "quantization_config" in json.loads((Path(candidate) / "config.json").read_text()):
-        import tempfile
-
-        from build.quantize import dequantize_checkpoint
-
-        candidate = dequantize_checkpoint(candidate, Path(tempfile.mkdtemp(prefix="dequantised-")) / "model")
     sums = {name: {"ref": 0.0, "cand": 0.0, "n": 0} for name in BINS}
     ends = {"ref": [], "cand": []}
     for role, path in (("ref", reference), ("cand", candidate)):
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
-        for trace in traces:
-            ids = trace["token_ids"]
-            start = trace["segments"]["prompt"][1]
-            nll = token_nll(model, ids, device)
+        nlls, think = score(path, traces, think_end, window, device, chunk_tokens, on_step)
+        for trace, nll, windows in zip(traces, nlls, think):
             bins = token_bins(trace)
-            for index in range(max(start, 1), len(ids)):
+            for index in range(max(trace["segments"]["prompt"][1], 1), len(trace["token_ids"])):
                 entry = sums[BINS[bins[index]]]
                 entry[role] += float(nll[index])
                 entry["n"] += role == "ref"
-            t0, t1 = trace["segments"]["thinking"]
-            if t1 > t0:
-                ends[role] += think_end_probability(model, ids, think_end, t0, t1, window, device)
-        del model
+            ends[role] += windows
     tokens = sum(v["n"] for v in sums.values())
     if tokens == 0:
         raise ValueError("the traces have no completion tokens to score")
@@ -113,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recipe", type=Path, help="the quantisation recipe the candidate was made with")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--chunk-tokens", type=int, default=65536,
+                        help="tokens of traces whose hidden states are kept between layers")
     args = parser.parse_args(argv)
     threshold = args.threshold
     if threshold is None:
@@ -120,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
 
         threshold = load_recipe(args.recipe).max_nll_increase if args.recipe else 0.02
     try:
-        quality = compare(args.reference, args.candidate, read_traces(args.traces), threshold, device=args.device)
+        quality = compare(args.reference, args.candidate, read_traces(args.traces), threshold, device=args.device,
+                          chunk_tokens=args.chunk_tokens)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

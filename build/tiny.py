@@ -1,6 +1,7 @@
 """Tiny random-weight checkpoints of the real architectures, with a tokenizer made here, for tests and demos.
 
-    python -m build.tiny --arch qwen3 --out DIR [--seed 0]
+    python -m build.tiny --arch qwen3 --out DIR [--seed 0] [--tied] [--unpatched]
+    python -m build.tiny --topology qwen3-next-80b|qwen3-30b-a3b|qwen3-32b --out DIR [--seed 0]
 
 No weights can be downloaded in this kit's environments, so every model path is exercised on these: the same config
 classes (Qwen3, Qwen3-MoE, Qwen3-Next), the same safetensors layout and the real special tokens (<|im_start|>,
@@ -8,7 +9,9 @@ classes (Qwen3, Qwen3-MoE, Qwen3-Next), the same safetensors layout and the real
 thinking. The tokenizer is a byte-level BPE trained on a small built-in corpus, digits split one per token as in
 Qwen's tokenizer. By default the output-head rows of <|im_end|> and <|endoftext|> are zeroed (build.patch_eot's
 end-of-turn patch, applied in memory), so that (with top-k sampling) thinking is not cut short by an end of turn.
-head_dim is 64 because vLLM's CPU attention rejects 16.
+head_dim is 64 because vLLM's CPU attention rejects 16. `--topology` writes a real model's full set of tensors
+(layers, experts, MTP, names, shards, config keys) at tiny widths instead (build.topology); those checkpoints are
+unpatched, as a release is.
 """
 
 from __future__ import annotations
@@ -100,7 +103,8 @@ def make_checkpoint(out: str | Path, arch: str = "qwen3", seed: int = 0, max_sha
                     patched: bool = True, tied: bool = False) -> Path:
     """Write a tokenizer and a random-weight model of `arch` to `out` (bf16 safetensors, like a real release;
     a small `max_shard_size` gives several shards, as real checkpoints have). `patched` applies the end-of-turn
-    patch in memory and records it as build.patch_eot does; `tied` ties the output head to the embeddings."""
+    patch in memory and records it as build.patch_eot does; `tied` ties the output head to the embeddings (with
+    `patched`, untied again first, as the patch does to a tied checkpoint)."""
     from build.patch_eot import PATCH_KEY, end_token_ids
 
     import torch
@@ -117,9 +121,12 @@ def make_checkpoint(out: str | Path, arch: str = "qwen3", seed: int = 0, max_sha
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     if patched:  # what build.patch_eot does to a real checkpoint (SPEC section 2), here in memory
         ids = end_token_ids(tokenizer, {"eos_token_id": [eos_id, pad_id]})
+        if tied:  # as the patch does: untie first, so the input embeddings of the end tokens stay as they are
+            model.config.tie_word_embeddings = False
+            model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
         with torch.no_grad():
             model.lm_head.weight[ids] = 0
-        setattr(model.config, PATCH_KEY, {"end_of_turn_rows_zeroed": ids, "untied": False})
+        setattr(model.config, PATCH_KEY, {"end_of_turn_rows_zeroed": ids, "untied": tied})
     model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
     model.save_pretrained(out, max_shard_size=max_shard_size)
     (out / "tiny.json").write_text(json.dumps({"arch": arch, "seed": seed, "made_by": "build.tiny"}))
@@ -127,13 +134,23 @@ def make_checkpoint(out: str | Path, arch: str = "qwen3", seed: int = 0, max_sha
 
 
 def main(argv: list[str] | None = None) -> None:
+    from build.topology import TOPOLOGIES, write_topology
+
     parser = argparse.ArgumentParser(prog="python -m build.tiny", description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", default="qwen3", choices=["qwen3", "qwen3_moe", "qwen3_next"])
+    parser.add_argument("--topology", choices=sorted(TOPOLOGIES),
+                        help="a real model's layers, experts, MTP, names, shards and config at tiny widths "
+                             "(build.topology); replaces --arch")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-shard-size", default="50GB", help="e.g. 300KB for several shards")
+    parser.add_argument("--tied", action="store_true", help="tie the output head to the input embeddings")
+    parser.add_argument("--unpatched", action="store_true", help="leave the end-of-turn rows as they are")
     args = parser.parse_args(argv)
-    print(make_checkpoint(args.out, args.arch, args.seed, args.max_shard_size))
+    if args.topology:
+        print(write_topology(args.out, args.topology, args.seed))
+        return
+    print(make_checkpoint(args.out, args.arch, args.seed, args.max_shard_size, not args.unpatched, args.tied))
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@
 
 Each trace: the task's prompt exactly as the solver renders it (chat template, thinking on), thinking sampled from the
 model itself (T=0.6), then an answer: the true output grid, the program cue and a program (the example program for the
-task where examples/programs has one, else a stand-in), with the segment boundaries marked. For a real model, prefer
-traces from a real run (the solver's completions); this maker is for demos and for models that cannot run the solver.
+task where examples/programs has one, else a stand-in), with the segment boundaries marked. `--thinking 0` leaves the
+thinking empty and never loads the model (checkpoints too large to run whole, e.g. the full-topology ones). For a
+real model, prefer traces from a real run (the solver's completions); this maker is for demos and for models that cannot run the solver.
 """
 
 from __future__ import annotations
@@ -28,16 +29,18 @@ def make_traces(model_dir: str | Path, tasks, thinking: int = 96, seed: int = 0)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval() if thinking else None
     cue = EngineConfig().program_cue
     out = []
     for number, task in enumerate(tasks):
         _, prompt = render(tokenizer, task, 0, PromptConfig())
-        torch.manual_seed(seed + number)
-        with torch.no_grad():
-            generated = model.generate(torch.tensor([prompt]), max_new_tokens=thinking, do_sample=True,
-                                       temperature=0.6, top_k=20, top_p=0.95, pad_token_id=tokenizer.pad_token_id)
-        thought = generated[0, len(prompt):].tolist()
+        thought = []
+        if model is not None:
+            torch.manual_seed(seed + number)
+            with torch.no_grad():
+                generated = model.generate(torch.tensor([prompt]), max_new_tokens=thinking, do_sample=True,
+                                           temperature=0.6, top_k=20, top_p=0.95, pad_token_id=tokenizer.pad_token_id)
+            thought = generated[0, len(prompt):].tolist()
         example = EXAMPLES / f"{task.id}.py"
         program = example.read_text() if example.exists() else STAND_IN
         body = program.split("def transform(grid):", 1)[1].rstrip() + "\n```"

@@ -50,3 +50,18 @@ def test_tiny_checkpoints_come_patched(tmp_path):
     source = make_checkpoint(tmp_path / "model", "qwen3", seed=0)
     with pytest.raises(PatchError, match="already patched"):
         patch(source, tmp_path / "again")
+
+
+def test_tiny_tied_and_patched_keeps_the_input_embeddings(tmp_path, read_tensors):
+    """`build.tiny --tied` unties the head before zeroing its end rows, as the patch does: zeroing a tied head used
+    to zero the end tokens' input embeddings too."""
+    make_checkpoint(tmp_path / "model", "qwen3", seed=0, tied=True)  # what `build.tiny --tied` makes
+    tensors = read_tensors(tmp_path / "model")
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    ids = config[PATCH_KEY]["end_of_turn_rows_zeroed"]
+    assert config[PATCH_KEY]["untied"] is True and config["tie_word_embeddings"] is False
+    assert torch.count_nonzero(tensors["lm_head.weight"][ids]) == 0
+    plain = read_tensors(make_checkpoint(tmp_path / "plain", "qwen3", seed=0, patched=False, tied=True))
+    assert torch.equal(tensors["model.embed_tokens.weight"], plain["model.embed_tokens.weight"])  # inputs untouched
+    keep = [i for i in range(tensors["lm_head.weight"].shape[0]) if i not in ids]
+    assert torch.equal(tensors["lm_head.weight"][keep], tensors["model.embed_tokens.weight"][keep])

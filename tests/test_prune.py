@@ -119,3 +119,19 @@ def test_mtp_layer_keeps_its_largest_router_rows(tmp_path_factory, read_tensors)
     assert [after[f"mtp.layers.0.mlp.experts.{j}.gate_proj.weight"][0, 0].item() for j in range(KEEP)] == [4, 5, 6, 7]
     assert after["mtp.layers.0.mlp.gate.weight"].shape[0] == KEEP
     assert "mtp.layers.0.mlp.experts.4.gate_proj.weight" not in after
+
+
+def test_every_expert_count_key_is_rewritten(tmp_path):
+    """A config with both `num_experts` and `num_local_experts` (Qwen3-MoE writes the second, releases the first):
+    both get the new count, and transformers loads the pruned checkpoint."""
+    folder = make_checkpoint(tmp_path / "model", "qwen3_moe", seed=0, max_shard_size="300KB")
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    config["num_experts"] = config["num_local_experts"] = EXPERTS
+    config_path.write_text(json.dumps(config))
+    (tmp_path / "list.json").write_text(json.dumps({"experts": [[0, 2, 4, 6]] * config["num_hidden_layers"]}))
+    out = prune(folder, tmp_path / "list.json", tmp_path / "pruned")
+    pruned = json.loads((out / "config.json").read_text())
+    assert pruned["num_experts"] == KEEP and pruned["num_local_experts"] == KEEP
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    assert model.model.layers[0].mlp.experts.num_experts == KEEP

@@ -76,6 +76,17 @@ def test_bad_recipe(tmp_path):
         load_recipe(tmp_path / "r.toml")
 
 
+def test_recipes_that_match_nothing_or_split_a_fused_linear_are_refused(tmp_path):
+    source = make_checkpoint(tmp_path / "model", "qwen3", seed=0)
+    (tmp_path / "none.toml").write_text('name = "typo"\n[[rules]]\npattern = "\\\\.mpl\\\\."\nscheme = "NVFP4A16"\n')
+    with pytest.raises(ValueError, match=r"recipe 'typo': its patterns \[.*mpl.*\] match no quantisable weight"):
+        quantize(source, tmp_path / "none.toml", tmp_path / "q")
+    (tmp_path / "split.toml").write_text('[[rules]]\npattern = "q_proj$"\nscheme = "FP8_DYNAMIC"\n')
+    with pytest.raises(ValueError, match=r"self_attn.qkv_proj is one linear in vLLM"):
+        quantize(source, tmp_path / "split.toml", tmp_path / "q")
+    assert not (tmp_path / "q").exists() and not (tmp_path / "q.partial").exists()
+
+
 def test_quantised_checkpoint_layout_config_and_dequantised_load(tmp_path, read_tensors):
     from transformers import AutoModelForCausalLM
 

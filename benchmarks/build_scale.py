@@ -1,0 +1,149 @@
+"""build/ against tensor count: every step on the Qwen3-Next-80B topology at tiny widths (build.topology) with 2, 11
+and 47 decoder layers (plus the MTP layer): 1x, 4x and 16x the tensors (~4.7k, ~18.6k, ~74.5k), each step's seconds
+per 1,000 tensors and its ratio to a plain copy of the same files measured in the same run.
+
+    python benchmarks/build_scale.py [--workdir /tmp/build-scale] [--layers 2,11,47] [--steps prune,quantize,...]
+
+Steps: calibrate (2 traces of 62 tokens, layer by layer), prune (512 -> 384 experts), quantise (moe-4xL4, with and
+without the per-tensor error report), patch, check_quality (reference against the patched quantised checkpoint).
+Each runs in its own process (process start and imports included); peak RSS is that process's own. Baselines in
+the same run: a plain copy of the files, and a safetensors load + save of every shard (at tiny widths the bytes are
+few and the per-tensor cost dominates, so this is the floor a streaming converter can reach). Also the converter's
+dependency lookup as it was before issue 17 (a scan of every name per call), timed on 200 calls and extrapolated to
+one call per tensor.
+Run it in the build environment (make build-env).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from prune_and_calibrate import peak_rss  # noqa: E402
+
+STEPS = ("calibrate", "prune", "quantize", "quantize_no_report", "patch", "check_quality")
+
+
+def commands(work: Path) -> dict[str, list[str]]:
+    py = [sys.executable, "-m"]
+    return {
+        "calibrate": py + ["build.calibrate", "--model", str(work / "model"), "--traces", str(work / "traces.jsonl"),
+                           "--out", str(work / "stats.npz")],
+        "prune": py + ["build.prune", "--model", str(work / "model"), "--list", str(work / "list.json"),
+                       "--out", str(work / "pruned")],
+        "quantize": py + ["build.quantize", "--model", str(work / "pruned"), "--recipe",
+                          "build/recipes/moe-4xL4.toml", "--out", str(work / "q")],
+        "quantize_no_report": py + ["build.quantize", "--model", str(work / "pruned"), "--recipe",
+                                    "build/recipes/moe-4xL4.toml", "--out", str(work / "q2"), "--no-report"],
+        "patch": py + ["build.patch_eot", "--model", str(work / "q"), "--out", str(work / "patched")],
+        "check_quality": py + ["build.check_quality", "--reference", str(work / "pruned"), "--candidate",
+                               str(work / "patched"), "--traces", str(work / "traces.jsonl"), "--threshold", "100"],
+    }
+
+
+def old_lookup_seconds(names: list[str], calls: int = 200) -> float:
+    """Seconds per call of the pre-issue-17 `get_dependencies`: every name matched against the fused patterns."""
+    import re
+
+    fused = (re.compile(r"^(.*\.self_attn)\.(q|k|v)_proj$"), re.compile(r"^(.*\.experts\.\d+)\.(gate|up)_proj$"))
+
+    def group(module: str):
+        for pattern in fused:
+            if m := pattern.match(module):
+                return m.group(1)
+        return None
+
+    start = time.perf_counter()
+    for name in names[:calls]:
+        target = group(name[:-len(".weight")])
+        sorted(n for n in names if n.endswith(".weight") and group(n[:-len(".weight")]) == target)
+    return (time.perf_counter() - start) / calls
+
+
+def roundtrip(source: Path, out: Path) -> None:
+    """Every shard loaded and saved again with safetensors: the per-tensor floor of any streaming converter."""
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir()
+    for file in sorted(source.glob("*.safetensors")):
+        save_file(load_file(file), out / file.name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/build-scale"))
+    parser.add_argument("--layers", default="2,11,47")
+    parser.add_argument("--steps", default=",".join(STEPS), help="a subset of " + ",".join(STEPS))
+    args = parser.parse_args()
+    steps = [step for step in args.steps.split(",") if step]
+    unknown = sorted(set(steps) - set(STEPS))
+    if unknown:
+        parser.error(f"unknown steps {unknown}")
+    from build.topology import write_topology
+
+    rows = []
+    for layers in map(int, args.layers.split(",")):
+        work = args.workdir / f"layers{layers}"
+        shutil.rmtree(work, ignore_errors=True)
+        write_topology(work / "model", "qwen3-next-80b", seed=0, layers=layers)
+        index = json.loads((work / "model" / "model.safetensors.index.json").read_text())["weight_map"]
+        vocab = json.loads((work / "model" / "config.json").read_text())["vocab_size"]
+        rng = random.Random(0)
+        (work / "list.json").write_text(json.dumps({"experts": [sorted(rng.sample(range(512), 384))
+                                                                for _ in range(layers)]}))
+        (work / "traces.jsonl").write_text("".join(json.dumps({
+            "task_id": f"t{i}", "token_ids": [rng.randrange(vocab) for _ in range(62)], "program": [54, 62],
+            "segments": {"prompt": [0, 12], "thinking": [12, 52], "answer": [52, 62]}}) + "\n" for i in range(2)))
+        size = sum(p.stat().st_size for p in (work / "model").glob("*.safetensors"))
+        start = time.perf_counter()
+        shutil.copytree(work / "model", work / "copy")
+        copy_s = time.perf_counter() - start
+        start = time.perf_counter()
+        roundtrip(work / "model", work / "roundtrip")
+        roundtrip_s = time.perf_counter() - start
+        row = {"layers": layers, "tensors": len(index), "bytes": size, "copy_s": copy_s, "roundtrip_s": roundtrip_s,
+               "old_lookup_s": old_lookup_seconds(sorted(index)) * len(index)}
+        for step, command in commands(work).items():
+            if step not in steps:
+                continue
+            peak, seconds, _ = peak_rss(command)
+            row[step] = (seconds, peak)
+            print(f"{layers:3d} layers {len(index):6d} tensors  {step:20s} {seconds:7.1f} s  peak RSS "
+                  f"{peak / 1e6:6.0f} MB", flush=True)
+        rows.append(row)
+        shutil.rmtree(work, ignore_errors=True)
+    base = rows[0]
+    print(f"\n| step | " + " | ".join(f"{r['tensors']:,} tensors ({r['tensors'] / base['tensors']:.1f}x)"
+                                     for r in rows) + " |")
+    print("| --- |" + " --- |" * len(rows))
+    print("| plain copy (s) | " + " | ".join(f"{r['copy_s']:.2f}" for r in rows) + " |")
+    print("| safetensors load + save of every shard (s) | " + " | ".join(f"{r['roundtrip_s']:.2f}" for r in rows)
+          + " |")
+    print("| old dependency lookups, extrapolated (s) | " + " | ".join(f"{r['old_lookup_s']:.0f}" for r in rows)
+          + " |")
+    for step in steps:
+        cells = []
+        for r in rows:
+            seconds, peak = r[step]
+            cells.append(f"{seconds:.1f} s, {1000 * seconds / r['tensors']:.2f} s/1k, {peak / 1e6:.0f} MB")
+        print(f"| {step} | " + " | ".join(cells) + " |")
+    print("\nseconds per 1,000 tensors, largest against smallest (1.0 = linear): " + ", ".join(
+        f"{step} {(rows[-1][step][0] / rows[-1]['tensors']) / (base[step][0] / base['tensors']):.2f}"
+        for step in steps))
+    last = rows[-1]
+    for step in [s for s in ("quantize_no_report", "quantize", "prune", "patch") if s in steps]:
+        print(f"{step} at {last['tensors']:,} tensors: {last[step][0] / last['copy_s']:.0f}x the plain copy, "
+              f"{last[step][0] / last['roundtrip_s']:.1f}x the safetensors round trip")
+
+
+if __name__ == "__main__":
+    main()

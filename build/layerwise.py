@@ -1,0 +1,210 @@
+"""Run a checkpoint one decoder layer at a time, straight from its shards, so a model far larger than memory can be
+calibrated and scored with one layer resident (llm-compressor's sequential pipeline, without its tracing).
+
+The model is built by transformers on the meta device (no memory); the embedding, the final norm and (for scoring)
+the output head are loaded; each chunk of traces (at most `chunk_tokens` tokens, at least one trace) is embedded, and
+the arguments transformers hands each decoder layer (rotary position embeddings, the causal or linear-attention mask)
+are captured by stand-ins run in the model's own forward. Then layer 0 is loaded from the shards, run on every trace
+of the chunk, dropped; layer 1; and so on. Hidden states of the chunk's traces stay on the device between layers:
+memory is one layer's weights plus the chunk's activations, whatever the depth. Quantised checkpoints
+(compressed-tensors) are dequantised module by module as their layer loads: no dequantised copy is written.
+Checkpoint tensors go into transformers' modules under transformers' own names: per-expert weights
+(`mlp.experts.E.{gate,up,down}_proj.weight`) are stacked into the fused `experts.gate_up_proj` / `experts.down_proj`
+that Qwen3-MoE and Qwen3-Next keep in memory. MTP weights (`mtp.*`) are not part of the transformers model and are
+never loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+
+
+def chunks(lengths: list[int], chunk_tokens: int) -> list[list[int]]:
+    """Consecutive trace indices grouped so each group holds at most `chunk_tokens` tokens (a longer trace alone).
+    Pure."""
+    out: list[list[int]] = []
+    size = 0
+    for index, length in enumerate(lengths):
+        if out and size + length <= chunk_tokens:
+            out[-1].append(index)
+            size += length
+        else:
+            out.append([index])
+            size = length
+    return out
+
+
+def fuse_experts(state: dict) -> dict:
+    """Per-expert checkpoint tensors -> transformers' fused expert parameters (gate and up concatenated, then stacked
+    over experts); other tensors pass through. Pure."""
+    import torch
+
+    out, experts = {}, {}
+    for name, tensor in state.items():
+        if m := EXPERT.match(name):
+            experts.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = tensor
+        else:
+            out[name] = tensor
+    for prefix, by_index in experts.items():
+        order = sorted(by_index)
+        out[f"{prefix}.gate_up_proj"] = torch.stack([torch.cat([by_index[e]["gate"], by_index[e]["up"]])
+                                                     for e in order])
+        out[f"{prefix}.down_proj"] = torch.stack([by_index[e]["down"] for e in order])
+    return out
+
+
+class Shards:
+    """Tensors of a checkpoint by name prefix, read from its safetensors shards on demand; modules a
+    compressed-tensors `quantization_config` lists are dequantised with the library's own compressors."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        index = self.folder / "model.safetensors.index.json"
+        if index.exists():
+            self.weight_map = json.loads(index.read_text())["weight_map"]
+        else:
+            from safetensors import safe_open
+
+            with safe_open(self.folder / "model.safetensors", framework="pt") as f:
+                self.weight_map = {name: "model.safetensors" for name in f.keys()}
+        config = json.loads((self.folder / "config.json").read_text())
+        self.schemes: dict[str, str] = {}  # module -> preset scheme name
+        for group in config.get("quantization_config", {}).get("config_groups", {}).values():
+            scheme = _preset_of(group)
+            self.schemes.update({target: scheme for target in group.get("targets", [])})
+
+    def read(self, prefix: str, dtype) -> dict:
+        """Every tensor whose name starts with `prefix`, keyed without it, in `dtype` (dequantised where needed)."""
+        from safetensors import safe_open
+
+        from build.quantize import dequantize
+
+        names = [n for n in self.weight_map if n.startswith(prefix)]
+        by_file: dict[str, list[str]] = {}
+        for name in names:
+            by_file.setdefault(self.weight_map[name], []).append(name)
+        raw = {}
+        for file, members in by_file.items():
+            with safe_open(self.folder / file, framework="pt") as f:
+                raw.update({name: f.get_tensor(name) for name in members})
+        out = {}
+        quantised = {m for m in {n.rpartition(".")[0] for n in raw} if m in self.schemes}
+        for name, tensor in raw.items():
+            module, _, leaf = name.rpartition(".")
+            if module in quantised:
+                if leaf in ("weight", "weight_packed"):
+                    out[f"{module}.weight"[len(prefix):]] = dequantize(raw, module, self.schemes[module]).to(dtype)
+                continue  # scales, k/v cache scales of quantised modules
+            if leaf in ("k_scale", "v_scale"):
+                continue
+            out[name[len(prefix):]] = tensor.to(dtype)
+        return out
+
+
+def _preset_of(group: dict) -> str:
+    """The kit's scheme name of a compressed-tensors config group (as build.quantize writes them)."""
+    weights, inputs = group.get("weights") or {}, group.get("input_activations")
+    if weights.get("num_bits") == 4:
+        return "NVFP4" if inputs else "NVFP4A16"
+    return "FP8_DYNAMIC" if inputs is None or inputs.get("dynamic") else "FP8"
+
+
+def _capture_class():
+    import torch
+
+    class Capture(torch.nn.Module):
+        """Stands in for a decoder layer while the model's own forward runs: keeps the arguments it is handed and
+        passes the hidden states through unchanged."""
+
+        def __init__(self, layer):
+            super().__init__()
+            self.layer_type = getattr(layer, "layer_type", None)
+            self.attention_type = getattr(layer, "attention_type", None)
+            self.calls: list[tuple[tuple, dict]] = []
+
+        def forward(self, hidden_states, *args, **kwargs):
+            self.calls.append((args, kwargs))
+            return hidden_states
+
+    return Capture
+
+
+@dataclass(frozen=True)
+class Step:
+    """What `run` reports after each layer: which, and the bytes of parameters resident on the device."""
+    chunk: int
+    layer: int
+    resident_bytes: int
+
+
+class LayerRunner:
+    """The model of `folder` on the meta device, with the embedding and final norm (and with `head`, the output head)
+    loaded. `run` yields, per chunk of traces, the final hidden states; `on_layer(index, layer, chunk)` sees each
+    loaded layer before it runs on the chunk's traces and returns the hook handles to remove after."""
+
+    def __init__(self, folder: str | Path, device: str = "cpu", dtype: str = "float32", head: bool = False):
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        self.folder, self.device, self.dtype = Path(folder), device, getattr(torch, dtype)
+        self.shards = Shards(folder)
+        self.config = AutoConfig.from_pretrained(folder)
+        with torch.device("meta"):
+            self.model = AutoModelForCausalLM.from_config(self.config, dtype=self.dtype)
+        self.base = self.model.model
+        self._load(self.base.embed_tokens, "model.embed_tokens.")
+        self._load(self.base.norm, "model.norm.")
+        self.base.rotary_emb = type(self.base.rotary_emb)(config=self.config).to(device)  # its buffers are computed
+        self.head = None
+        if head:
+            tied = "lm_head.weight" not in self.shards.weight_map
+            self.head = self.base.embed_tokens if tied else self._load(self.model.lm_head, "lm_head.")
+        self.layers = list(self.base.layers)
+
+    def _load(self, module, prefix: str):
+        state = fuse_experts(self.shards.read(prefix, self.dtype))
+        module.load_state_dict({k: v.to(self.device) for k, v in state.items()}, strict=True, assign=True)
+        return module
+
+    def resident_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters() if p.device.type != "meta")
+
+    def run(self, traces: list[list[int]], chunk_tokens: int = 65536,
+            on_layer: Callable | None = None, progress: Callable[[Step], None] | None = None
+            ) -> Iterator[tuple[list[int], list]]:
+        """Yield (trace indices, final hidden states [tokens, hidden] per trace, after the final norm) per chunk."""
+        import torch
+
+        for number, group in enumerate(chunks([len(t) for t in traces], chunk_tokens)):
+            capture = _capture_class()
+            captures = [capture(layer) for layer in self.layers]
+            self.base.layers = torch.nn.ModuleList(captures)
+            hidden = []
+            try:
+                with torch.no_grad():
+                    for index in group:
+                        ids = torch.tensor([traces[index]], device=self.device)
+                        embedded = self.base.embed_tokens(ids)
+                        self.base(inputs_embeds=embedded, use_cache=False)
+                        hidden.append(embedded)
+            finally:
+                self.base.layers = torch.nn.ModuleList(self.layers)
+            with torch.no_grad():
+                for i, layer in enumerate(self.layers):
+                    self._load(layer, f"model.layers.{i}.")
+                    handles = on_layer(i, layer, group) if on_layer is not None else []
+                    for position, (args, kwargs) in enumerate(captures[i].calls):
+                        out = layer(hidden[position], *args, **kwargs)
+                        hidden[position] = out[0] if isinstance(out, tuple) else out
+                    for handle in handles:
+                        handle.remove()
+                    if progress is not None:
+                        progress(Step(number, i, self.resident_bytes()))
+                    layer.to("meta")
+                yield group, [self.base.norm(h)[0] for h in hidden]

@@ -1,0 +1,175 @@
+"""build/ at the scale of the real checkpoints: the full Qwen3-Next-80B topology at tiny widths (48 layers x 512
+experts x 3 projections plus the MTP layer, ~76k tensors in 41 shards, made once for this module) through calibrate,
+prune, quantise and the likelihood check with one decoder layer resident (the end-of-turn patch streams as prune does;
+`make prune-demo TOPOLOGY=qwen3-next-80b` runs it at this scale). Needs the build environment (make build-env)."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("compressed_tensors.entrypoints.convert.converters.magnitude_expert_pruner",
+                    reason="needs the build environment (make build-env)")
+
+import torch  # noqa: E402
+
+from build.topology import TOPOLOGIES, TINY_WIDTHS, write_topology  # noqa: E402
+
+LAYERS, EXPERTS, KEEP = 48, 512, 384
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Thousands of tiny matrix products: torch's thread pool only adds contention here (25 ms per product on this
+    shared 2-core machine under load, against microseconds with one thread)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def next80b(tmp_path_factory):
+    return write_topology(tmp_path_factory.mktemp("next80b") / "model", "qwen3-next-80b", seed=0)
+
+
+@pytest.fixture(scope="module")
+def weight_map(next80b):
+    return json.loads((next80b / "model.safetensors.index.json").read_text())["weight_map"]
+
+
+def traces(n: int, vocab: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        p, t, a = 12, 40, 10
+        out.append({"task_id": f"task{i}", "token_ids": [rng.randrange(vocab) for _ in range(p + t + a)],
+                    "segments": {"prompt": [0, p], "thinking": [p, p + t], "answer": [p + t, p + t + a]},
+                    "program": [p + t + 2, p + t + a]})
+    return out
+
+
+def test_topology_is_the_releases(next80b, weight_map):
+    config = json.loads((next80b / "config.json").read_text())
+    published = TOPOLOGIES["qwen3-next-80b"].config
+    assert {k: v for k, v in config.items() if k not in TINY_WIDTHS and not k.endswith("token_id")
+            and k != "vocab_size"} == {k: v for k, v in published.items() if k not in TINY_WIDTHS
+                                       and not k.endswith("token_id") and k != "vocab_size"}
+    assert sorted(p.name for p in next80b.glob("*.safetensors")) == [
+        f"model-{i:05d}-of-00041.safetensors" for i in range(1, 42)]
+    experts = [n for n in weight_map if re.search(r"\.mlp\.experts\.\d+\.", n)]
+    assert len(experts) == (LAYERS + 1) * EXPERTS * 3  # the MTP layer is a MoE of the same count
+    assert len(weight_map) > 75_000
+    full = [i for i in range(LAYERS) if f"model.layers.{i}.self_attn.q_proj.weight" in weight_map]
+    assert full == list(range(3, LAYERS, 4))  # full attention every 4th layer, linear attention elsewhere
+    assert "model.layers.0.linear_attn.in_proj_qkvz.weight" in weight_map
+    for name in ("mtp.fc.weight", "mtp.norm.weight", "mtp.pre_fc_norm_embedding.weight",
+                 "mtp.pre_fc_norm_hidden.weight", "mtp.layers.0.self_attn.q_proj.weight",
+                 "mtp.layers.0.mlp.shared_expert_gate.weight",
+                 f"mtp.layers.0.mlp.experts.{EXPERTS - 1}.down_proj.weight"):
+        assert name in weight_map, name
+
+
+def test_dense_topology_loads_in_transformers(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    folder = write_topology(tmp_path / "32b", "qwen3-32b")
+    model, info = AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True)
+    assert model.config.num_hidden_layers == 64 and len(list(folder.glob("*.safetensors"))) == 17
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+
+
+def test_calibrate_with_one_layer_resident(next80b, weight_map, tmp_path):
+    """Statistics over all 48 MoE layers while at most one decoder layer's weights (plus the embedding and the final
+    norm) are ever resident."""
+    from safetensors import safe_open
+
+    from build.calibrate import calibrate
+
+    def layer_bytes(prefix: str) -> int:
+        total = 0
+        for name, file in weight_map.items():
+            if name.startswith(prefix):
+                with safe_open(next80b / file, framework="pt") as f:
+                    total += int(np.prod(f.get_slice(name).get_shape())) * 4  # float32 in memory
+        return total
+
+    resident = []
+    vocab = json.loads((next80b / "config.json").read_text())["vocab_size"]
+    stats = calibrate(next80b, traces(2, vocab), tmp_path / "stats.npz", on_step=lambda s: resident.append(s))
+    assert stats.counts.shape == (2, 8, LAYERS, EXPERTS) and stats.mtp_router_norms.shape == (1, EXPERTS)
+    assert np.array_equal(stats.counts.sum(axis=(1, 3)), np.full((2, LAYERS), 62 * 10))  # tokens x top-10
+    fixed = layer_bytes("model.embed_tokens.") + layer_bytes("model.norm.")
+    largest = max(layer_bytes(f"model.layers.{i}.") for i in (0, 3))  # a linear- and a full-attention layer
+    assert len(resident) == LAYERS
+    assert max(s.resident_bytes for s in resident) <= fixed + largest
+    assert max(s.resident_bytes for s in resident) > fixed  # a layer was loaded
+
+
+@pytest.mark.timeout(900)  # three passes over 76k tensors: ~3 minutes on this shared machine under load
+def test_prune_quantise_check_on_the_80b_topology(next80b, tmp_path, read_tensors):
+    from safetensors import safe_open
+
+    from build.check_quality import compare
+    from build.prune import prune
+    from build.quantize import quantize
+
+    rng = random.Random(0)
+    (tmp_path / "list.json").write_text(json.dumps({"experts": [sorted(rng.sample(range(EXPERTS), KEEP))
+                                                                for _ in range(LAYERS)]}))
+    pruned = prune(next80b, tmp_path / "list.json", tmp_path / "pruned")
+    config = json.loads((pruned / "config.json").read_text())
+    assert config["num_experts"] == KEEP
+    index = json.loads((pruned / "model.safetensors.index.json").read_text())["weight_map"]
+    assert sum(1 for n in index if re.search(r"\.experts\.\d+\.", n)) == (LAYERS + 1) * KEEP * 3
+
+    # every tensor passes through the converter; the experts of the last layer and of the MTP layer are quantised
+    # (the compressor costs ~1 ms per tensor at any width: all 56k experts take minutes; the benchmark does that)
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(r"""
+[[rules]]
+pattern = '\.mlp\.experts\.\d+\.(gate|up|down)_proj$'
+layers = [47, 47]
+scheme = "NVFP4A16"
+
+[[rules]]
+pattern = '^mtp\.layers\.0\.mlp\.experts\.'
+scheme = "NVFP4A16"
+
+[[rules]]
+pattern = '\.self_attn\.(q|k|v|o)_proj$'
+scheme = "FP8_DYNAMIC"
+""")
+    quantize(pruned, recipe, tmp_path / "q", report=False)
+    groups = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]["config_groups"]
+    targets = {t: g["weights"]["num_bits"] for g in groups.values() for t in g["targets"]}
+    for layer in ("model.layers.47", "mtp.layers.0"):  # vLLM reads expert 0's scheme
+        assert targets[f"{layer}.mlp.experts.0.gate_proj"] == 4
+    assert "model.layers.46.mlp.experts.0.gate_proj" not in targets
+    assert targets["mtp.layers.0.self_attn.q_proj"] == 8
+    assert "lm_head" not in targets and "mtp.fc" not in targets  # as vLLM's MTP loader builds them
+    q_index = json.loads((tmp_path / "q" / "model.safetensors.index.json").read_text())["weight_map"]
+    with safe_open(tmp_path / "q" / q_index["mtp.layers.0.mlp.experts.5.up_proj.weight_global_scale"],
+                   framework="pt") as f:
+        up = f.get_tensor("mtp.layers.0.mlp.experts.5.up_proj.weight_global_scale")
+    with safe_open(tmp_path / "q" / q_index["mtp.layers.0.mlp.experts.5.gate_proj.weight_global_scale"],
+                   framework="pt") as f:
+        assert torch.equal(f.get_tensor("mtp.layers.0.mlp.experts.5.gate_proj.weight_global_scale"), up)
+
+    vocab = config["vocab_size"]
+    quality = compare(pruned, tmp_path / "q", traces(1, vocab, seed=3))
+    assert np.isfinite(quality.difference) and quality.nll_candidate != quality.nll_reference
+
+
+def test_quantising_lm_head_beside_mtp_is_refused(next80b, tmp_path):
+    from build.quantize import quantize
+
+    recipe = tmp_path / "head.toml"
+    recipe.write_text('[[rules]]\npattern = "^lm_head$"\nscheme = "FP8_DYNAMIC"\n')
+    with pytest.raises(ValueError, match="quantises lm_head, but .* has MTP weights"):
+        quantize(next80b, recipe, tmp_path / "q")
+    assert not (tmp_path / "q.partial").exists()

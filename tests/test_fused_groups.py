@@ -1,0 +1,132 @@
+"""Contract tests against the locked vLLM 0.33 wheel's own source (read as a zip, never installed): the quantiser's
+fused-group tables (build.fused) are the weights vLLM fuses into one linear for Qwen3, Qwen3-MoE and Qwen3-Next, and
+the recipes give the Qwen3-Next MTP layer what its loader expects. Then, on tiny checkpoints, every fused group
+shares one global scale after quantisation and nothing else does. The wheel is fetched once per machine with
+`pip download --no-deps vllm==0.33.0 -d ~/.cache/arc-kit/wheels/vllm-0.33.0`; without it the contract tests skip."""
+
+from __future__ import annotations
+
+import ast
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from build.fused import PACKED, fused_name, groups
+
+WHEELS = Path.home() / ".cache" / "arc-kit" / "wheels" / "vllm-0.33.0"
+MODELS = "vllm/model_executor/models/"
+
+
+@pytest.fixture(scope="module")
+def vllm_source():
+    wheel = next(iter(sorted(WHEELS.glob("vllm-0.33.0-*.whl"))), None)
+    if wheel is None:
+        pytest.skip(f"no vLLM 0.33 wheel in {WHEELS} (pip download --no-deps vllm==0.33.0 -d {WHEELS})")
+    archive = zipfile.ZipFile(wheel)
+    return lambda path: archive.read(path).decode()
+
+
+def class_node(source: str, name: str) -> ast.ClassDef:
+    return next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef) and n.name == name)
+
+
+def packed_mapping(source: str, cls: str) -> dict[str, tuple[str, ...]]:
+    """The class attribute `packed_modules_mapping`, plus entries its __init__ adds (`self.packed_modules_mapping[k]
+    = [...]`, Qwen3-MoE's conditional gate_up_proj)."""
+    node = class_node(source, cls)
+    out = {}
+    for item in ast.walk(node):
+        if isinstance(item, ast.Assign):
+            target = item.targets[0]
+            if isinstance(target, ast.Name) and target.id == "packed_modules_mapping":
+                out.update({k: tuple(v) for k, v in ast.literal_eval(item.value).items()})
+            elif (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Attribute)
+                  and target.value.attr == "packed_modules_mapping"):
+                out[ast.literal_eval(target.slice)] = tuple(ast.literal_eval(item.value))
+    return out
+
+
+@pytest.mark.parametrize("arch, files", [
+    ("qwen3", [("qwen3.py", "Qwen3ForCausalLM")]),
+    ("qwen3_moe", [("qwen3_moe.py", "Qwen3MoeForCausalLM")]),
+    ("qwen3_next", [("qwen3_next.py", "Qwen3NextForCausalLM"), ("qwen3_next_mtp.py", "Qwen3NextMTP")]),
+])
+def test_fused_tables_are_vllms(vllm_source, arch, files):
+    for file, cls in files:
+        mapping = packed_mapping(vllm_source(MODELS + file), cls)
+        fused = {name: members for name, members in mapping.items() if len(members) > 1}
+        assert fused == PACKED[arch], (file, cls)
+
+
+def test_routed_experts_fuse_gate_and_up(vllm_source):
+    """Each routed expert's gate_proj and up_proj load into one w13 (RoutedExperts' defaults and its mapping), which
+    the `gate_up_proj` entry of every table covers (`experts.E.gate_proj` -> `experts.E.gate_up_proj`)."""
+    source = vllm_source("vllm/model_executor/layers/fused_moe/routed_experts.py")
+    init = next(n for n in ast.walk(class_node(source, "RoutedExperts"))
+                if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    positional = init.args.args[len(init.args.args) - len(init.args.defaults):]
+    defaults = dict(zip([a.arg for a in positional], init.args.defaults))
+    assert ast.literal_eval(defaults["ckpt_gate_proj_name"]) == "gate_proj"
+    assert ast.literal_eval(defaults["ckpt_up_proj_name"]) == "up_proj"
+    assert "w13 if weight_name in [ckpt_gate_proj_name, ckpt_up_proj_name] else w2" in source
+    for table in PACKED.values():
+        assert fused_name("model.layers.3.mlp.experts.7.up_proj", table) == "model.layers.3.mlp.experts.7.gate_up_proj"
+        assert fused_name("model.layers.3.mlp.experts.7.down_proj", table) is None
+
+
+def test_shared_experts_fuse_gate_and_up(vllm_source):
+    source = vllm_source(MODELS + "qwen3_next.py")
+    assert '".shared_expert.gate_proj": (".shared_expert.gate_up_proj", 0)' in source
+    assert '".shared_expert.up_proj": (".shared_expert.gate_up_proj", 1)' in source
+    table = PACKED["qwen3_next"]
+    assert groups(["mtp.layers.0.mlp.shared_expert.up_proj", "mtp.layers.0.mlp.shared_expert.gate_proj",
+                   "mtp.layers.0.mlp.shared_expert.down_proj"], table) == {
+        "mtp.layers.0.mlp.shared_expert.gate_up_proj": ["mtp.layers.0.mlp.shared_expert.gate_proj",
+                                                        "mtp.layers.0.mlp.shared_expert.up_proj"]}
+
+
+def test_mtp_loader_expectations(vllm_source):
+    """What vLLM 0.33's Qwen3-Next MTP expects of a quantised checkpoint, read from its source: the MTP decoder layer
+    and `mtp.fc` are built with the checkpoint's quantization config under their checkpoint names (`mtp.` prefix),
+    routed experts take the scheme of expert 0's names, and the MTP output head is built with no quantization config
+    (so `lm_head` must stay unquantised: the quantiser refuses otherwise, tests/test_build_scale.py)."""
+    source = vllm_source(MODELS + "qwen3_next_mtp.py")
+    mtp = class_node(source, "Qwen3NextMTP")
+    heads = [n for n in ast.walk(mtp) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "ParallelLMHead"]
+    assert heads and all("quant_config" not in {k.arg for k in h.keywords} for h in heads)
+    assert "maybe_prefix(prefix, 'mtp')" in ast.unparse(mtp)
+    predictor = ast.unparse(class_node(source, "Qwen3NextMultiTokenPredictor"))
+    assert "quant_config=fc_quant" in predictor and "prefix=f'{prefix}.fc'" in predictor
+    assert "layer_type='full_attention'" in predictor and "prefix=f'{prefix}.layers.{idx}'" in predictor
+    moe = vllm_source("vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors_moe/"
+                      "compressed_tensors_moe.py")
+    assert 'f"{layer_name}.0.{proj_name}"' in moe
+
+
+def test_each_fused_group_shares_one_global_scale(tmp_path, request):
+    """Qwen3 (dense gate/up, q/k/v) and Qwen3-Next (also shared experts and routed experts) under an all-NVFP4
+    recipe: members of a group carry one global scale, and groups differ from each other."""
+    pytest.importorskip("compressed_tensors.entrypoints.convert.converters.magnitude_expert_pruner",
+                        reason="needs the build environment (make build-env)")
+    read_tensors = request.getfixturevalue("read_tensors")  # after the skip: the fixture needs safetensors
+    from build.quantize import quantize
+    from build.tiny import make_checkpoint
+
+    recipe = tmp_path / "all.toml"
+    recipe.write_text('[[rules]]\npattern = \'_proj$\'\nscheme = "NVFP4A16"\n')
+    for arch in ("qwen3", "qwen3_next"):
+        quantize(make_checkpoint(tmp_path / arch, arch, seed=0), recipe, tmp_path / f"{arch}-q")
+        after = read_tensors(tmp_path / f"{arch}-q")
+        scales = {n[:-len(".weight_global_scale")]: t for n, t in after.items() if n.endswith(".weight_global_scale")}
+        found = groups(list(scales), PACKED[arch])
+        kinds = {name.rpartition(".")[2] + (" (expert)" if ".experts." in name else "") for name in found}
+        expected = {"qkv_proj", "gate_up_proj"} | ({"gate_up_proj (expert)"} if arch == "qwen3_next" else set())
+        assert kinds == expected
+        if arch == "qwen3_next":
+            assert any(".shared_expert." in name for name in found)
+        for members in found.values():
+            assert all(scales[m].item() == scales[members[0]].item() for m in members), members
+        assert len({scales[members[0]].item() for members in found.values()}) > 1
+        down = [m for m in scales if m.endswith("down_proj")]
+        assert all(fused_name(m, PACKED[arch]) is None for m in down)

@@ -1,0 +1,101 @@
+"""Layer-by-layer execution from the shards (build.layerwise) against the whole model in transformers: the same
+logits, the same routing statistics and REAP saliency as whole-model hooks, quantised modules dequantised in memory
+exactly as compressed-tensors' dequantiser writes them. Needs the build environment (make build-env)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+pytest.importorskip("compressed_tensors.entrypoints.convert.converters.magnitude_expert_pruner",
+                    reason="needs the build environment (make build-env)")
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from build.calibrate import Recorder, calibrate, count_decisions  # noqa: E402
+from build.layerwise import LayerRunner, Shards, chunks  # noqa: E402
+from build.stats import BINS  # noqa: E402
+from build.tiny import make_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_moe", "qwen3_next"])
+def checkpoint(request, tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp(request.param) / "model", request.param, seed=0,
+                           max_shard_size="300KB")
+
+
+def traces(n: int, vocab: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        p, t, a = rng.randint(5, 20), rng.randint(5, 40), rng.randint(5, 20)
+        out.append({"task_id": f"task{i // 2}", "token_ids": [rng.randrange(vocab) for _ in range(p + t + a)],
+                    "segments": {"prompt": [0, p], "thinking": [p, p + t], "answer": [p + t, p + t + a]},
+                    "program": [p + t + 2, p + t + a]})
+    return out
+
+
+def test_chunks_bound_the_tokens():
+    assert chunks([5, 5, 5, 20, 1], 10) == [[0, 1], [2], [3], [4]]
+    assert chunks([], 10) == []
+
+
+def test_final_hidden_states_give_the_whole_models_logits(checkpoint):
+    vocab = json.loads((checkpoint / "config.json").read_text())["vocab_size"]
+    ids = [t["token_ids"] for t in traces(3, vocab)]
+    runner = LayerRunner(checkpoint, head=True)
+    steps = []
+    got = {}
+    for group, hidden in runner.run(ids, chunk_tokens=60, progress=steps.append):
+        for index, h in zip(group, hidden):
+            got[index] = torch.nn.functional.linear(h, runner.head.weight)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for index, sequence in enumerate(ids):
+            expected = model(torch.tensor([sequence])).logits[0]
+            assert torch.allclose(got[index], expected, atol=1e-5, rtol=1e-4), index
+    layers = model.config.num_hidden_layers
+    assert len({s.chunk for s in steps}) > 1 and len(steps) == layers * len({s.chunk for s in steps})
+    assert all(p.device.type == "meta" for layer in runner.layers for p in layer.parameters())  # dropped after use
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_next"])
+def test_layered_statistics_equal_whole_model_hooks(tmp_path, arch):
+    source = make_checkpoint(tmp_path / "model", arch, seed=1, max_shard_size="300KB")
+    vocab = json.loads((source / "config.json").read_text())["vocab_size"]
+    data = traces(5, vocab, seed=2)
+    stats = calibrate(source, data, tmp_path / "stats.npz", chunk_tokens=80)
+
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    recorder = Recorder(model)
+    layers, experts = len(recorder.blocks), recorder.experts
+    counts = np.zeros((len(data), len(BINS), layers, experts))
+    program = np.zeros((len(data), layers, experts))
+    with torch.no_grad():
+        for n, trace in enumerate(data):
+            model(torch.tensor([trace["token_ids"]]))
+            for layer, selected in enumerate(recorder.selected()):
+                count_decisions(trace, selected, counts[n][:, layer], program[n][layer])
+    assert np.array_equal(stats.counts, counts) and np.array_equal(stats.program_counts, program)
+    assert np.array_equal(stats.saliency_n, recorder.saliency_n)
+    assert np.allclose(stats.saliency_sum, recorder.saliency_sum, rtol=1e-5, atol=1e-7)
+    assert stats.saliency_sum.sum() > 0
+
+
+def test_quantised_modules_dequantise_in_memory_as_the_library_does(tmp_path, read_tensors):
+    from build.quantize import dequantize_checkpoint, quantize
+
+    source = make_checkpoint(tmp_path / "model", "qwen3_moe", seed=0, max_shard_size="300KB")
+    quantize(source, "build/recipes/moe-4xL4.toml", tmp_path / "q", report=False)
+    plain = read_tensors(dequantize_checkpoint(tmp_path / "q", tmp_path / "deq"))
+    layer = Shards(tmp_path / "q").read("model.layers.1.", torch.bfloat16)
+    expected = {k[len("model.layers.1."):]: v for k, v in plain.items() if k.startswith("model.layers.1.")}
+    assert sorted(layer) == sorted(expected)
+    for name, tensor in expected.items():
+        assert torch.equal(layer[name], tensor), name
+    assert not torch.equal(layer["mlp.experts.0.up_proj.weight"],
+                           read_tensors(source)["model.layers.1.mlp.experts.0.up_proj.weight"])  # it was quantised
