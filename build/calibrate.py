@@ -29,6 +29,7 @@ from typing import Callable
 import numpy as np
 
 from build.stats import BINS, RoutingStats, bin_of, config_hash
+from submission.progress import ProgressLine
 
 
 def read_traces(path: str | Path) -> list[dict]:
@@ -241,10 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.perf_counter()
     resident = [0]
+    line = ProgressLine()
 
     def step(s) -> None:
         resident[0] = max(resident[0], s.resident_bytes)
-        print(f"\rchunk {s.chunk + 1}, layer {s.layer + 1}", end="", file=sys.stderr)
+        line.update(f"chunk {s.chunk + 1}, layer {s.layer + 1}")
 
     try:
         stats = calibrate(args.model, read_traces(args.traces), args.out, args.device, args.dtype, args.save_every,
@@ -252,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"\n{stats.counts.shape[0]} traces, {int(stats.tokens.sum())} tokens in "
+    finally:
+        line.close()
+    print(f"{stats.counts.shape[0]} traces, {int(stats.tokens.sum())} tokens in "
           f"{time.perf_counter() - started:.1f} s -> {args.out}; weights resident at most "
           f"{resident[0] / 1e6:.1f} MB, peak RSS {peak_rss_mb():.0f} MB")
     return 0
