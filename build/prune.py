@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from build.library_logs import show_library_logs_from
+
 ROUTER = r"(?:^|\.)layers\.(\d+)\.mlp\.gate\.weight$"
 EXPERT = r"\.mlp\.experts\.\d+\.(?:gate|up|down)_proj\.weight$"
 MTP_ROUTER = r"^mtp\..*\.mlp\.gate\.weight$"
@@ -151,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args(argv)
+    show_library_logs_from("INFO")
     started = time.perf_counter()
     try:
         out = prune(args.model, args.list, args.out)

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from build.library_logs import show_library_logs_from
+
 if TYPE_CHECKING:
     import torch
 
@@ -362,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-report", action="store_true",
                         help="skip the per-tensor error report (a dequantisation per tensor, ~15%% of the time)")
     args = parser.parse_args(argv)
+    show_library_logs_from("INFO")
     try:
         kv = amax = None
         if args.calibration_tasks:
