@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -62,7 +63,27 @@ def manifest_files(out: Path) -> dict[str, dict]:
             for p in sorted(out.rglob("*")) if p.is_file() and p.name not in ("manifest.json",)}
 
 
-def bundle(profile: str, model: Path, out: Path, target: str = "cpu-py311", dataset_id: str = "user/arc-kit-bundle",
+PLACEHOLDER_ID = "user/arc-kit-bundle"
+
+
+def choose_dataset_id(given: str | None, env: dict[str, str]) -> str:
+    """The Kaggle dataset id: the one given, else KAGGLE_USERNAME's `arc-kit-bundle`, else the placeholder."""
+    if given:
+        return given
+    user = env.get("KAGGLE_USERNAME", "").strip()
+    return f"{user}/arc-kit-bundle" if user else PLACEHOLDER_ID
+
+
+def upload_advice(dataset: Path, chosen_id: str) -> str:
+    """What to do next: upload, or first set a real dataset id (never 'upload' a placeholder id)."""
+    if chosen_id == PLACEHOLDER_ID:
+        return (f"{dataset}: verified, but its dataset-metadata.json still has the placeholder id {PLACEHOLDER_ID!r}: "
+                f"set your own (edit \"id\" there, or build again with --id YOURNAME/SLUG or KAGGLE_USERNAME set), "
+                f"then upload with `kaggle datasets create -p {dataset}`")
+    return f"{dataset}: verified; upload as {chosen_id} with `kaggle datasets create -p {dataset}`"
+
+
+def bundle(profile: str, model: Path, out: Path, target: str = "cpu-py311", dataset_id: str = PLACEHOLDER_ID,
            max_file_bytes: int = 20 * 2**30) -> Path:
     from submission.config import load_profile
 
@@ -114,11 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--target", default="cpu-py311")
-    parser.add_argument("--id", default="user/arc-kit-bundle", help="the Kaggle dataset id")
+    parser.add_argument("--id", help="the Kaggle dataset id (default: KAGGLE_USERNAME/arc-kit-bundle)")
     parser.add_argument("--max-file-bytes", type=int, default=20 * 2**30)
     args = parser.parse_args(argv)
     try:
-        print(bundle(args.profile, args.model, args.out, args.target, args.id, args.max_file_bytes))
+        chosen = choose_dataset_id(args.id, dict(os.environ))
+        print(upload_advice(bundle(args.profile, args.model, args.out, args.target, chosen, args.max_file_bytes),
+                            chosen))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

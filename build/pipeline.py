@@ -1,7 +1,7 @@
 """From a checkpoint to a Kaggle dataset in one command: prune, quantise, patch, bundle (each step optional).
 
     python -m build.pipeline --profile NAME --out DIR [--model DIR] [--target T] [--list LIST.json]
-                             [--recipe RECIPE.toml] [--calibration-tasks ARC_DIR]
+                             [--recipe RECIPE.toml] [--calibration-tasks ARC_DIR] [--id USER/SLUG]
 
 The profile's [build] section names the target, the expert list, the recipe and the calibration tasks; the options
 override it. Without --model a tiny random-weight Qwen3 is built (the CPU demo). A step runs when its input is given
@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
-from build.bundle import bundle, verify
+from build.bundle import PLACEHOLDER_ID, bundle, choose_dataset_id, upload_advice, verify
 from build.patch_eot import PATCH_KEY, patch
 from build.prune import prune
 from build.quantize import quantize
 
 
 def run(profile: str, target: str, out: Path, model: Path | None = None, expert_list: Path | None = None,
-        recipe: Path | None = None, calibration_tasks: Path | None = None) -> Path:
+        recipe: Path | None = None, calibration_tasks: Path | None = None, dataset_id: str = PLACEHOLDER_ID) -> Path:
     steps = out / "steps"
     steps.mkdir(parents=True, exist_ok=True)
     if model is None:
@@ -45,7 +46,7 @@ def run(profile: str, target: str, out: Path, model: Path | None = None, expert_
     if PATCH_KEY not in json.loads((model / "config.json").read_text()):
         patch(model, steps / "patched")
         model = steps / "patched"
-    dataset = bundle(profile, model, out / "dataset", target)
+    dataset = bundle(profile, model, out / "dataset", target, dataset_id)
     problems = verify(dataset)
     if problems:
         raise ValueError(f"{dataset}: " + "; ".join(problems))
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--list", type=Path)
     parser.add_argument("--recipe", type=Path)
     parser.add_argument("--calibration-tasks", type=Path)
+    parser.add_argument("--id", help="the Kaggle dataset id (default: KAGGLE_USERNAME/arc-kit-bundle)")
     args = parser.parse_args(argv)
     from submission.config import load_profile
 
@@ -69,9 +71,10 @@ def main(argv: list[str] | None = None) -> None:
     def chosen(option, configured: str):
         return option if option is not None else (Path(configured) if configured else None)
 
+    chosen_id = choose_dataset_id(args.id, dict(os.environ))
     dataset = run(args.profile, args.target or plan.target, args.out, args.model, chosen(args.list, plan.expert_list),
-                  chosen(args.recipe, plan.recipe), chosen(args.calibration_tasks, plan.calibration_tasks))
-    print(f"{dataset}: verified; upload with `kaggle datasets create -p {dataset}`")
+                  chosen(args.recipe, plan.recipe), chosen(args.calibration_tasks, plan.calibration_tasks), chosen_id)
+    print(upload_advice(dataset, chosen_id))
 
 
 if __name__ == "__main__":
