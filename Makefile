@@ -149,7 +149,7 @@ wheels: env
 PROFILE ?= cpu-tiny
 BUNDLE_ARGS = $(if $(filter command line,$(origin TARGET)),--target $(TARGET)) $(if $(MODEL),--model $(MODEL)) \
 	$(if $(LIST),--list $(LIST)) $(if $(RECIPE),--recipe $(RECIPE)) \
-	$(if $(CALIBRATION_TASKS),--calibration-tasks $(CALIBRATION_TASKS))
+	$(if $(CALIBRATION_TASKS),--calibration-tasks $(CALIBRATION_TASKS)) $(if $(ID),--id $(ID))
 bundle: build-env
 	rm -rf $(OUT)/bundle
 	$(BPY) -m build.pipeline --profile $(PROFILE) --out $(OUT)/bundle $(strip $(BUNDLE_ARGS))
