@@ -39,8 +39,8 @@ from submission.tasks import load_tasks  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 CLEAN_TASKS, AGENT_TASKS = 3, 5  # 3 and 7 test inputs
 CLEAN_DEADLINE = 600  # never reached: the run ends with its queue
-AGENT = {"first_thinking": 48, "later_thinking": 40, "final_thinking": 32, "budget_single": 20000,
-         "budget_multi": 20000}
+AGENT = {"first_thinking": 48, "first_thinking_multi": 48, "later_thinking": 40, "final_thinking": 32,
+         "budget_single": 20000, "budget_multi": 20000}
 SECOND_CAP = 24000  # a random model thinks to its cap: these run into the hard stop, even on an idle machine
 
 
