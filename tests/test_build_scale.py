@@ -22,14 +22,7 @@ from build.topology import TOPOLOGIES, TINY_WIDTHS, write_topology  # noqa: E402
 LAYERS, EXPERTS, KEEP = 48, 512, 384
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Thousands of tiny matrix products: torch's thread pool only adds contention here (25 ms per product on this
-    shared 2-core machine under load, against microseconds with one thread)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

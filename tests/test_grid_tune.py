@@ -17,13 +17,7 @@ from training.dataset import IGNORE, read_rows  # noqa: E402
 from training.grid_tune import main, task_rows  # noqa: E402
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread for this module: on a shared 2-core machine two threads under load ran 10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,7 @@ from submission.grid.format import BOS, EOS, TOKENS, VOCAB, encode  # noqa: E402
 from submission.tasks import load_tasks  # noqa: E402
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread for this module: on a shared 2-core machine two threads under load ran 10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
