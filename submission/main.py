@@ -382,8 +382,7 @@ def main(argv: list[str] | None = None, watchdog: bool = True) -> int:
             profile = replace(profile, schedule=replace(profile.schedule, time_limit_s=args.deadline))
         tasks = load_tasks(args.tasks, args.solutions)
         if args.max_tasks:
-            kept = tasks.tasks[:args.max_tasks]
-            tasks = TaskSet(kept, tuple(e for e in tasks.errors if e.task_id < (kept[-1].id if kept else "")))
+            tasks = tasks.first(args.max_tasks)
     except (ProfileError, LoadError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

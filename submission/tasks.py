@@ -60,6 +60,11 @@ class TaskSet:
         counts.update({e.task_id: e.test_count for e in self.errors})
         return dict(sorted(counts.items()))
 
+    def first(self, n: int) -> "TaskSet":
+        """The first n good tasks and the bad ones that sort before the last of them (`--max-tasks`)."""
+        kept = self.tasks[:n]
+        return TaskSet(kept, tuple(e for e in self.errors if e.task_id < (kept[-1].id if kept else "")))
+
 
 class LoadError(ValueError):
     """A file that cannot be read at all (or bad labels); the message names the file and the field."""

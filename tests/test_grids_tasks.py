@@ -105,3 +105,14 @@ def test_bad_labels_raise_naming_file_and_field(tmp_path):
         load_labels(tmp_path / "sol.json")
     with pytest.raises(LoadError, match="no such file"):
         load_tasks(tmp_path / "missing.json")
+
+
+def test_first_tasks_keep_the_bad_ones_among_them(arc_data):
+    """`--max-tasks N`: the first N good tasks and the unreadable ones that sort before the last of them."""
+    from submission.tasks import TaskError, TaskSet
+
+    good = load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks[:3]
+    bad = tuple(TaskError("x.json", tid, "train", "bad", 1) for tid in ("0", good[1].id + "0", "zzzzzzzz"))
+    first = TaskSet(good, bad).first(2)
+    assert first.tasks == good[:2] and [e.task_id for e in first.errors] == ["0"]
+    assert TaskSet(good, bad).first(0) == TaskSet((), ())

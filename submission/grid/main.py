@@ -21,7 +21,7 @@ from submission.answers import render_submission
 from submission.config import ProfileError
 from submission.grid.config import GridProfile, load_grid_profile
 from submission.score import score
-from submission.tasks import LoadError, TaskSet, load_tasks
+from submission.tasks import LoadError, load_tasks
 
 
 def parser() -> argparse.ArgumentParser:
@@ -53,8 +53,7 @@ def run(args: argparse.Namespace) -> int:
             profile = replace(profile, run=replace(profile.run, time_limit_s=args.deadline))
         tasks = load_tasks(args.tasks, args.solutions)
         if args.max_tasks:
-            kept = tasks.tasks[:args.max_tasks]
-            tasks = TaskSet(kept, tuple(e for e in tasks.errors if e.task_id < (kept[-1].id if kept else "")))
+            tasks = tasks.first(args.max_tasks)
     except (ProfileError, LoadError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
