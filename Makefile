@@ -78,6 +78,7 @@ DRY_PROFILE  := $(if $(filter vllm,$(ENGINE)),cpu-tiny-vllm,cpu-tiny)
 DRY_OUT      := $(OUT)/dry-run$(if $(filter vllm,$(ENGINE)),-vllm)
 DRY_DEADLINE := $(if $(filter vllm,$(ENGINE)),420,180)
 dry-run: engine-env
+	rm -rf $(DRY_OUT)  # a fresh run each time: the solver refuses to append to an earlier run's log
 	$(EPY) -m build.tiny --arch qwen3 --out $(OUT)/tiny-qwen3
 	$(EPY) -m submission.main --tasks $(ARC_DATA)/arc-agi-2/evaluation --max-tasks 10 --profile $(DRY_PROFILE) \
 	    --model $(OUT)/tiny-qwen3 --deadline $(DRY_DEADLINE) --out $(DRY_OUT)/submission.json \
@@ -86,6 +87,7 @@ dry-run: engine-env
 # The grid line end to end on CPU: a tiny random-weight Qwen3 cut to 16 tokens, two worker processes, 10 ARC-AGI-2
 # evaluation tasks under a 5-minute deadline (README: the grid line).
 grid-dry-run: build-env
+	rm -rf $(OUT)/grid-dry-run
 	$(BPY) -m build.tiny --arch qwen3 --out $(OUT)/tiny-qwen3-base
 	$(BPY) -m build.grid_vocab --model $(OUT)/tiny-qwen3-base --out $(OUT)/tiny-grid
 	$(BPY) -m submission.grid.main --tasks $(ARC_DATA)/arc-agi-2/evaluation --max-tasks 10 --profile grid-tiny \
