@@ -1,7 +1,8 @@
 """The grid line's workers as real processes: two CPU workers on a tiny grid model, one killed mid-task.
 
 The killed worker's task must be finished by the other worker, every task must be answered in the log, and the
-answer file must be complete, valid JSON throughout (it is rewritten atomically after every task).
+answer file must be complete, valid JSON throughout (it is rewritten atomically after every task). A worker that
+dies in the middle of a report must not hold up the other worker's reports.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import struct
 from dataclasses import replace
 
 import pytest
@@ -31,17 +33,25 @@ def grid_model(tmp_path_factory):
     return cut(make_checkpoint(root / "base", "qwen3", seed=4), root / "grid")
 
 
-def test_a_killed_worker_loses_nothing(grid_model, arc_data, tmp_path):
-    from submission.grid.workers import Coordinator
-
+def cheapest(arc_data, count: int) -> TaskSet:
     every = load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks
-    tasks = TaskSet(tuple(sorted(every, key=task_cost)[:4]), ())
+    return TaskSet(tuple(sorted(every, key=task_cost)[:count]), ())
+
+
+def small_profile(grid_model):
     profile = load_grid_profile("grid-tiny")
     profile = replace(profile, model=replace(profile.model, path=str(grid_model)),
                       ttt=replace(profile.ttt, sequences=2),
                       search=replace(profile.search, dihedrals=1, colour_perms=2, batch_s=2.0),
                       rescore=replace(profile.rescore, views=1),
                       run=replace(profile.run, time_limit_s=400.0, min_task_s=4.0, max_task_s=8.0))
+    return profile
+
+
+def test_a_killed_worker_loses_nothing(grid_model, arc_data, tmp_path):
+    from submission.grid.workers import Coordinator
+
+    tasks, profile = cheapest(arc_data, 4), small_profile(grid_model)
     out = tmp_path / "submission.json"
     killed: list[str] = []
     snapshots: list[dict] = []
@@ -67,3 +77,33 @@ def test_a_killed_worker_loses_nothing(grid_model, arc_data, tmp_path):
     assert all("candidates" in r.grid_line and "stage_s" in r.grid_line for r in firsts)
     assert all(r.grid is not None or r.parse_error for r in records)
     assert len(snapshots) >= 2 * len(tasks.tasks)
+
+
+class DiesMidReport:
+    """Worker 0's report pipe, as a process killed inside `send` leaves it: the start of a message, never finished."""
+
+    def __init__(self, pipe):
+        self.pipe = pipe
+
+    def send(self, message) -> None:
+        if message[0] == "started":
+            os.write(self.pipe.fileno(), struct.pack("!i", 1 << 16) + b"\x80\x05 half a report")
+            os._exit(9)
+        self.pipe.send(message)
+
+
+def worker_dying_mid_report(worker, profile, inbox, report):
+    from submission.grid.workers import worker_main
+
+    worker_main(worker, profile, inbox, DiesMidReport(report) if worker == 0 else report)
+
+
+def test_a_worker_dying_mid_report_holds_up_no_other(grid_model, arc_data, tmp_path):
+    from submission.grid.workers import Coordinator
+
+    tasks, profile = cheapest(arc_data, 2), small_profile(grid_model)
+    coordinator = Coordinator(profile, tasks, tmp_path / "submission.json", worker=worker_dying_mid_report)
+    stats = coordinator.run()
+    assert len(stats.lost) == 1 and stats.lost[0][0] == 0
+    assert sorted(stats.done) == sorted(t.id for t in tasks.tasks)
+    assert set(stats.by_worker.values()) == {1}

@@ -1,8 +1,10 @@
 """Workers on a shared queue: one process per device, one coordinator that owns the queue, the log and the answers.
 
 Each worker loads the grid model once, wraps it with the task adapter once, and then solves the tasks it is sent
-(`solve.solve_task`), reporting `started` / `done` / `failed` on one shared result queue. The coordinator is the
-only writer: it appends each task's records to the attempt log and rewrites the answer file atomically after every
+(`solve.solve_task`), reporting `started` / `done` / `failed` on its own report pipe. One pipe per worker, not one
+shared queue: a worker killed in the middle of a report (SIGKILL, the OOM killer) leaves a shared queue's write lock
+held for ever and every other worker's reports stuck behind it; a private pipe only loses its own, half-written,
+message, which reads as end of file. The coordinator is the only writer: it appends each task's records to the attempt log and rewrites the answer file atomically after every
 task. It watches the workers: a process that dies (killed, out of memory) or overruns its task's limit by more than
 `GRACE_S` is retired and its task goes back to the front of the queue for another worker (once); a worker that
 fails `run.max_failures` tasks in a row is told to exit. A worker whose coordinator is gone exits when idle. No task
@@ -13,11 +15,13 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import queue as queue_module
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from submission.answers import AnswerFile
@@ -33,13 +37,19 @@ from submission.tasks import Task, TaskSet
 GRACE_S = 30.0  # a task may overrun its limit by one model step; a worker this far past it is stuck
 
 
-def worker_main(worker: int, profile: GridProfile, inbox, outbox) -> None:
+def worker_main(worker: int, profile: GridProfile, inbox, report: Connection) -> None:
     """A worker process: load once, then solve tasks from `inbox` until told to stop (None) or orphaned."""
     import torch
 
     from submission.grid.model import load_model
     from submission.grid.solve import solve_task
     from submission.grid.ttt import Adapter
+
+    def send(kind: str, task_id: str | None, payload) -> None:
+        try:
+            report.send((kind, worker, task_id, payload))
+        except OSError:  # the coordinator is gone: nobody is left to report to
+            os._exit(0)
 
     if profile.run.threads:
         torch.set_num_threads(profile.run.threads)
@@ -48,9 +58,9 @@ def worker_main(worker: int, profile: GridProfile, inbox, outbox) -> None:
     try:
         adapter = Adapter(load_model(profile.model.path, profile.model.dtype, device), profile.ttt)
     except Exception as err:  # noqa: BLE001 - reported, then the worker is gone
-        outbox.put(("dead", worker, None, f"{type(err).__name__}: {err}"))
+        send("dead", None, f"{type(err).__name__}: {err}")
         return
-    outbox.put(("ready", worker, None, None))
+    send("ready", None, None)
     while True:
         try:
             message = inbox.get(timeout=1.0)
@@ -61,12 +71,24 @@ def worker_main(worker: int, profile: GridProfile, inbox, outbox) -> None:
         if message is None:
             return
         task, limit = message
-        outbox.put(("started", worker, task.id, None))
+        send("started", task.id, None)
         try:
-            outbox.put(("done", worker, task.id, solve_task(adapter, task, profile, profile.run.context(worker),
-                                                            limit)))
+            send("done", task.id, solve_task(adapter, task, profile, profile.run.context(worker), limit))
         except Exception as err:  # noqa: BLE001 - one task's failure is reported, the worker goes on
-            outbox.put(("failed", worker, task.id, f"{type(err).__name__}: {err}"))
+            send("failed", task.id, f"{type(err).__name__}: {err}")
+
+
+def receive(reports: dict[Connection, int], timeout: float) -> list[tuple]:
+    """The reports that arrive within `timeout`, from any worker. A pipe whose worker died (at its end, or in the
+    middle of a message) is closed and dropped; the process watch gives that worker's task back."""
+    out = []
+    for conn in wait(list(reports), timeout):
+        try:
+            out.append(conn.recv())
+        except (EOFError, OSError, pickle.UnpicklingError):
+            del reports[conn]
+            conn.close()
+    return out
 
 
 def records(outcome: TaskOutcome, worker: int, limit: float, started_s: float, finished_s: float,
@@ -103,8 +125,9 @@ class Coordinator:
     worker message (tests use it to kill a worker mid-task)."""
 
     def __init__(self, profile: GridProfile, tasks: TaskSet, out: str | Path, log: str | Path | None = None,
-                 clock: Callable[[], float] | None = None, on_event: Callable | None = None):
-        self.profile, self.tasks, self.on_event = profile, tasks, on_event
+                 clock: Callable[[], float] | None = None, on_event: Callable | None = None,
+                 worker: Callable = worker_main):
+        self.profile, self.tasks, self.on_event, self.worker = profile, tasks, on_event, worker
         self.by_id: dict[str, Task] = {t.id: t for t in tasks.tasks}
         self.answers = AnswerFile(out, tasks.test_counts())
         self.log = AttemptLog(log) if log else None
@@ -118,12 +141,14 @@ class Coordinator:
     def run(self) -> RunStats:
         run = self.profile.run
         context = mp.get_context("spawn")
-        outbox = context.Queue()
         inboxes = [context.Queue() for _ in run.devices]
-        processes = [context.Process(target=worker_main, args=(w, self.profile, inboxes[w], outbox), daemon=True)
-                     for w in range(len(run.devices))]
-        for process in processes:
+        pipes = [context.Pipe(duplex=False) for _ in run.devices]
+        processes = [context.Process(target=self.worker, args=(w, self.profile, inboxes[w], pipes[w][1]),
+                                     daemon=True) for w in range(len(run.devices))]
+        for process, (_, sender) in zip(processes, pipes):
             process.start()
+            sender.close()  # the worker holds the only write end: its death reads as end of file here
+        reports = {reader: w for w, (reader, _) in enumerate(pipes)}
         ready: set[int] = set()
         busy: dict[int, tuple[str, float, float]] = {}  # worker -> (task id, started, limit)
         gone: set[int] = set()
@@ -137,19 +162,19 @@ class Coordinator:
                         inboxes[w].put((self.by_id[nxt[0]], nxt[1]))
                 if not busy and (not self.queue.pending or not live or self.clock() >= run.stop_new):
                     break
-                try:
-                    kind, w, task_id, payload = outbox.get(timeout=0.2)
-                except queue_module.Empty:
-                    kind = None
-                if kind is not None:
+                for kind, w, task_id, payload in receive(reports, timeout=0.2):
+                    if w in gone:  # a stuck worker's late report: its task is already back in the queue
+                        continue
                     self._event(kind, w, task_id, payload, busy, ready, gone, processes[w])
                     if kind == "failed" and w in self.queue.retired:
                         inboxes[w].put(None)
+                open_pipes = set(reports.values())
                 for w, process in enumerate(processes):  # dead or stuck workers give their task back
                     if w in gone:
                         continue
                     stuck = w in busy and self.clock() > busy[w][1] + busy[w][2] + GRACE_S
-                    if not process.is_alive() or stuck:
+                    dead = not process.is_alive() and w not in open_pipes  # its last reports are read first
+                    if dead or stuck:
                         if stuck:
                             process.kill()
                         gone.add(w)
@@ -171,6 +196,8 @@ class Coordinator:
                 if process.is_alive():
                     process.kill()
                     process.join()
+            for reader in reports:
+                reader.close()
             if self.log is not None:
                 self.log.close()
         return self.stats
