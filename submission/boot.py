@@ -2,7 +2,7 @@
 
     python kit/submission/boot.py --bundle /kaggle/input/DATASET [--input /kaggle/input] [--tasks PATH]
                                   [--out-dir /kaggle/working] [--started EPOCH_SECONDS] [--rehearsal-tasks 3]
-                                  [--rehearsal-deadline 1800] [--full-verify]
+                                  [--rehearsal-deadline 1800] [--rehearsal-full] [--full-verify]
 
 Standard library only until the wheels are installed. In order: write a complete `[[0]]` submission.json from the
 competition's test file (found under --input; so the output exists even if everything below fails); verify the bundle
@@ -14,7 +14,8 @@ refusal stops here with its report); reassemble split files into a working copy;
   its deadline counted from the notebook's own start; or
 - the commit run, a rehearsal: the same profile on the first `--rehearsal-tasks` public evaluation tasks, the schedule
   scaled to `--rehearsal-deadline` (`--scale-schedule`) so every task gets an attempt, written and scored under
-  out-dir/rehearsal/; exit status 3 if the solver fails (the engine did not start) or a task gets no finished attempt;
+  out-dir/rehearsal/, and ended (SIGTERM) as soon as every task has a finished attempt (`--rehearsal-full`: run to
+  the deadline); exit status 3 if the solver fails (the engine did not start) or a task gets no finished attempt;
 and finally check submission.json once more, rewriting the `[[0]]` file if the solver left none or a broken one.
 Every step boot waits for ends before the time limit (END_MARGIN_S).
 """
@@ -26,6 +27,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -175,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rehearsal-tasks", type=int, default=3, help="commit run: public evaluation tasks to run")
     parser.add_argument("--rehearsal-deadline", type=float, default=1800.0,
                         help="commit run: the rehearsal's time limit in seconds (engine start included)")
+    parser.add_argument("--rehearsal-full", action="store_true",
+                        help="commit run: run the rehearsal to its deadline (default: end it once every task has a "
+                             "finished attempt)")
     parser.add_argument("--full-verify", action="store_true")
     args = parser.parse_args(argv)
     rerun = bool(os.environ.get("KAGGLE_IS_COMPETITION_RERUN"))
@@ -232,17 +237,42 @@ def complete(answer: Path, fallback: dict) -> bool:
 
 
 def solve(args: argparse.Namespace, profile: str, model: Path, env: dict, tasks: Path, out: Path,
-          rehearsal: tuple[int, Path | None] | None, log: Path) -> int:
-    """Run submission.main (the hidden set, or `rehearsal` = (tasks, solutions) on a scaled schedule)."""
+          rehearsal: tuple[int, Path | None, list[str]] | None, log: Path) -> int:
+    """Run submission.main (the hidden set, or `rehearsal` = (tasks, solutions, their ids) on a scaled schedule)."""
     deadline, timeout = solver_deadline(args.started, time.time(), args.rehearsal_deadline if rehearsal else None)
     if deadline < 1:
         raise BootError(f"no time left for the solver ({deadline:.0f} s before its margins)")
     command = [sys.executable, "-m", "submission.main", "--tasks", str(tasks), "--out", str(out), "--profile", profile,
                "--model", str(model), "--deadline", str(int(deadline)), "--log", str(log)]
-    if rehearsal:
-        command += ["--max-tasks", str(rehearsal[0]), "--scale-schedule"]
-        command += ["--solutions", str(rehearsal[1])] if rehearsal[1] else []
-    return run_step(command, args.bundle / "kit", env, timeout, "the solver").returncode
+    if not rehearsal:
+        return run_step(command, args.bundle / "kit", env, timeout, "the solver").returncode
+    command += ["--max-tasks", str(rehearsal[0]), "--scale-schedule"]
+    command += ["--solutions", str(rehearsal[1])] if rehearsal[1] else []
+    return run_rehearsal(command, args.bundle / "kit", env, timeout, None if args.rehearsal_full else
+                         (rehearsal[2], log))
+
+
+def run_rehearsal(command: list[str], cwd: Path, env: dict, timeout: float,
+                  until: tuple[list[str], Path] | None) -> int:
+    """The rehearsal's solver. With `until` = (task ids, log) it is ended by SIGTERM (it aborts what runs, logs it
+    and prints its summary) as soon as every task has a finished attempt in the log: that is what a rehearsal must
+    show, and the rest of its deadline would be commit-run time spent for nothing. Its exit status is then 0."""
+    proc = subprocess.Popen(command, cwd=cwd, env=env)
+    end, ended = time.monotonic() + timeout, False
+    while proc.poll() is None:
+        if time.monotonic() > end:
+            proc.kill()
+            proc.wait()
+            raise BootError(f"the solver did not end within {timeout:.0f} s (stopped before the time limit)")
+        if until and not ended and until[1].exists():
+            whole = until[1].read_text().split("\n")[:-1]  # a line being written is not a finished attempt yet
+            if whole and not rehearsal_problems(until[0], whole):
+                print("boot: rehearsal: every task has a finished attempt: ending the solver now (SIGTERM; "
+                      "--rehearsal-full runs it to its deadline)", flush=True)
+                proc.send_signal(signal.SIGTERM)
+                ended = True
+        time.sleep(0.5)
+    return 0 if ended and proc.returncode == 128 + signal.SIGTERM else proc.returncode
 
 
 def rehearse(args: argparse.Namespace, profile: str, model: Path, env: dict) -> int:
@@ -259,9 +289,9 @@ def rehearse(args: argparse.Namespace, profile: str, model: Path, env: dict) -> 
     log.unlink(missing_ok=True)
     print(f"boot: rehearsal (commit run): {args.rehearsal_tasks} tasks of {challenges}, schedule scaled to "
           f"{args.rehearsal_deadline:.0f} s", flush=True)
-    status = solve(args, profile, model, env, challenges, folder / "submission.json",
-                   (args.rehearsal_tasks, solutions), log)
     ids = sorted(json.loads(challenges.read_text()))[:args.rehearsal_tasks]
+    status = solve(args, profile, model, env, challenges, folder / "submission.json",
+                   (args.rehearsal_tasks, solutions, ids), log)
     lines = log.read_text().splitlines() if log.exists() else []
     problems = rehearsal_problems(ids, lines)
     if status != 0:  # -14: its own deadline alarm (SIGALRM) ended it

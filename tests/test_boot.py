@@ -9,13 +9,11 @@ import argparse
 import json
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from submission import boot
-from submission.config import load_profile, profile_to_toml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,7 +74,8 @@ def kaggle_input(tmp_path_factory, arc_data):
 
 def rehearsal_args(root: Path, name: str, tasks: int, deadline: float) -> argparse.Namespace:
     return argparse.Namespace(input=root / "input", bundle=root / "bundle", out_dir=root / name,
-                              started=time.time(), rehearsal_tasks=tasks, rehearsal_deadline=deadline)
+                              started=time.time(), rehearsal_tasks=tasks, rehearsal_deadline=deadline,
+                              rehearsal_full=False)
 
 
 @pytest.mark.timeout(900)
@@ -86,17 +85,16 @@ def test_the_rehearsal_makes_writes_and_scores_an_attempt_per_task(kaggle_input,
 
     root, ids = kaggle_input
     model = make_checkpoint(tmp_path / "tiny", "qwen3", seed=0)
-    # cpu-tiny with first attempts only (the later levels' caps under min_cap), so the run ends when they do: random
-    # weights write grids of up to 1,830 tokens and the hf engine decodes in static batches, so on a shared 2-core
-    # machine (load 12) one batch took up to 400 s and cpu-tiny's full schedule would fill the whole deadline.
-    tiny = load_profile("cpu-tiny")
-    firsts = replace(tiny, schedule=replace(tiny.schedule, cap_second=1, cap_extra=1, repair_caps=(1, 1)))
-    (tmp_path / "firsts.toml").write_text(profile_to_toml(firsts))
+    # cpu-tiny's full schedule (300 s, 20/40 s margins) scaled to 600 s, as the commit run scales moe-4xL4's 12 h to
+    # 30 min; boot ends it once both tasks have a finished attempt (random weights write grids of up to 1,830 tokens
+    # and the hf engine decodes in static batches: at load 12 on 2 cores one batch took up to 400 s, and the whole
+    # schedule would fill the deadline).
     args = rehearsal_args(root, "out-ok", tasks=2, deadline=600.0)
     args.out_dir.mkdir()
-    # cpu-tiny's schedule (300 s, 20/40 s margins) scaled to 600 s, as the commit run scales moe-4xL4's 12 h to 30 min
-    assert boot.rehearse(args, str(tmp_path / "firsts.toml"), model, dict(os.environ, **boot.OFFLINE)) == 0
+    assert boot.rehearse(args, "cpu-tiny", model, dict(os.environ, **boot.OFFLINE)) == 0
     out = capfd.readouterr().out
+    assert "every task has a finished attempt: ending the solver now" in out
+    assert "aborted at SIGTERM" in out  # the solver's own summary: ended by boot, not by its deadline
     assert "rehearsal ok: every one of 2 tasks" in out and "score: task-weighted" in out
     records = [json.loads(line) for line in (args.out_dir / "rehearsal" / "attempts.jsonl").read_text().splitlines()]
     assert {r["task_id"] for r in records if not r["aborted"]} == set(ids[:2])
