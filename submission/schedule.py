@@ -23,6 +23,7 @@ what is still running at the hard stop (`time_limit_s - hard_stop_margin_s`). At
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
 import itertools
@@ -195,6 +196,7 @@ def second_priority(first: Outcome, task_inputs: int, task_perfect: bool) -> tup
     return int(task_inputs > 1), int(confidence(first, task_perfect)), first.thinking_tokens
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a simulated forecast asks for the same slots' seeds a thousand times
 def stable_seed(task_id: str, test_index: int, attempt: int, tag: str = "") -> int:
     """A seed from (task, test input, attempt, tag) that is the same on every machine and Python version."""
     digest = hashlib.sha256(f"{task_id}/{test_index}/{attempt}/{tag}".encode()).digest()
