@@ -115,3 +115,8 @@ def test_the_bare_policy_and_a_forecast_report_what_they_reported_before(world):
                     bootstraps=50)
     assert (round(made.score, 6), [round(x, 6) for x in made.runs_interval + made.tasks_interval],
             [round(f, 9) for f in made.factors]) == GOLDEN["forecast"]
+    # On two processes (python -m sim forecast's default: all cores) every run is the same.
+    forked = forecast(schedule, inputs, truth, pool, MOE.scaled(throughput=0.6), runs=3, seed=9,
+                      throughput_noise=0.1, bootstraps=50, workers=2)
+    assert [fingerprint(r) for r in forked.results] == [fingerprint(r) for r in made.results]
+    assert forked.score == made.score and forked.tasks_interval == made.tasks_interval
