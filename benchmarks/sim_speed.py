@@ -1,6 +1,8 @@
 """Simulator speed: one 12-hour run of ~340 test inputs (240 tasks), and 1,000 forecast runs.
 
-    python benchmarks/sim_speed.py [--runs 1000] [--workers N] [--arc-data DIR]   (default $ARC_DATA, else ../shared/arc-data)
+    python benchmarks/sim_speed.py [--runs 1000] [--workers N] [--arc-data DIR]
+
+--arc-data defaults to $ARC_DATA, else ../shared/arc-data.
 
 Targets (issues 4 and 16): one run under 1 second; 1,000 runs under 30 seconds as `python -m sim forecast` makes them,
 on `--workers` processes (default, as the CLI's: every core this process may use); a tenth of them on one process is

@@ -16,6 +16,7 @@ give the same results as one: they are forked with the task set and the pool, an
 
 from __future__ import annotations
 
+import gc
 import math
 import multiprocessing
 import random
@@ -108,17 +109,25 @@ def _result(seed: int, throughput: float, kv: float) -> SimResult:
 
 def run_many(config: ScheduleConfig, inputs: list[InputInfo], truth: dict, pool: AttemptPool,
              serving: ServingModel, runs: list[tuple[int, float, float]], workers: int = 1) -> list[SimResult]:
-    """one_run for each (seed, throughput, kv), in order, on up to `workers` forked processes."""
-    workers = min(workers, len(runs))
-    if workers <= 1:
-        return [one_run(config, inputs, truth, pool, serving, *run)[0] for run in runs]
+    """one_run for each (seed, throughput, kv), in order, on up to `workers` forked processes.
+
+    Python's cycle collector is off meanwhile (in the workers too): a run makes no reference cycles (tests/
+    test_sim_golden.py checks), so it would find nothing, yet its passes over the growing list of results cost ~10% of
+    a thousand runs."""
     global _WORLD
-    _WORLD = (config, inputs, truth, pool, serving)
+    workers = min(workers, len(runs))
+    collecting = gc.isenabled()
+    gc.disable()
     try:
+        if workers <= 1:
+            return [one_run(config, inputs, truth, pool, serving, *run)[0] for run in runs]
+        _WORLD = (config, inputs, truth, pool, serving)
         with multiprocessing.get_context("fork").Pool(workers) as processes:
             return processes.starmap(_result, runs, chunksize=max(1, len(runs) // (8 * workers)))
     finally:
         _WORLD = ()
+        if collecting:
+            gc.enable()
 
 
 def forecast(config: ScheduleConfig, inputs: list[InputInfo], truth: dict, pool: AttemptPool,

@@ -5,6 +5,7 @@ in its commit message."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import random
 from dataclasses import replace
@@ -120,3 +121,17 @@ def test_the_bare_policy_and_a_forecast_report_what_they_reported_before(world):
                       throughput_noise=0.1, bootstraps=50, workers=2)
     assert [fingerprint(r) for r in forked.results] == [fingerprint(r) for r in made.results]
     assert forked.score == made.score and forked.tasks_interval == made.tasks_interval
+
+
+def test_a_run_leaves_no_reference_cycles(world):
+    """sim.forecast.run_many turns the cycle collector off on this ground: reference counting frees a whole run."""
+    inputs, truth, pool = world
+    schedule = load_profile("moe-4xL4").schedule
+    gc.collect()
+    gc.disable()
+    try:
+        for seed, throughput, serving in CASES.values():
+            one_run(schedule, inputs, truth, pool, serving, seed, throughput)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
