@@ -110,10 +110,19 @@ class SlotStream:
     def __init__(self, seed: int):
         self.seed, self._rng = seed, None
 
-    def __getattr__(self, name: str):  # choice, random, uniform, ...: the seeded stream's
+    def _stream(self) -> random.Random:
         if self._rng is None:
             self._rng = random.Random(self.seed)
-        return getattr(self._rng, name)
+        return self._rng
+
+    def choice(self, items):  # what sim.pool draws with, without __getattr__'s detour
+        return self._stream().choice(items)
+
+    def random(self) -> float:
+        return self._stream().random()
+
+    def __getattr__(self, name: str):  # uniform, randint, ...: the seeded stream's
+        return getattr(self._stream(), name)
 
 
 def slot_rng(seed: int, request: Request) -> SlotStream:

@@ -85,7 +85,7 @@ def load_serving(path: str | Path) -> ServingModel:
         raise ValueError(f"{path}: {err}") from None
 
 
-@dataclass(eq=False)  # identity: the engine keys its running requests by job, and field-wise equality is slow
+@dataclass(eq=False, slots=True)  # identity: the engine keys its running requests by job; equality is slow
 class Job:
     """One request inside the simulated engine. `payload` is whatever the caller needs back at the end."""
 
