@@ -17,13 +17,15 @@ give the same results as one: they are forked with the task set and the pool, an
 from __future__ import annotations
 
 import gc
+import io
 import math
 import multiprocessing
+import pickle
 import random
 import statistics
 from dataclasses import dataclass
 
-from sim.pool import AttemptPool
+from sim.pool import AttemptPool, SimAttempt
 from sim.run import SimResult, simulate
 from sim.serving import ServingModel, SharedEngine
 from submission.schedule import InputInfo, ScheduleConfig
@@ -101,10 +103,25 @@ def one_run(config: ScheduleConfig, inputs: list[InputInfo], truth: dict, pool: 
 
 
 _WORLD: tuple = ()  # what forked workers run on: set before the fork, so it is inherited, not sent
+_LOGGED: dict[int, int] = {}  # id -> index of the pool's logged attempts, the same objects on both sides of the fork
 
 
-def _result(seed: int, throughput: float, kv: float) -> SimResult:
-    return one_run(*_WORLD, seed, throughput, kv)[0]
+class _ResultPickler(pickle.Pickler):
+    """Sends a logged attempt (most of a result's bytes: its grids) as its index in the pool both sides hold."""
+
+    def reducer_override(self, obj):
+        index = _LOGGED.get(id(obj)) if type(obj) is SimAttempt else None
+        return NotImplemented if index is None else (_logged, (index,))
+
+
+def _logged(index: int) -> SimAttempt:
+    return _WORLD[3].logged[index]
+
+
+def _result(seed: int, throughput: float, kv: float) -> bytes:
+    out = io.BytesIO()
+    _ResultPickler(out, pickle.HIGHEST_PROTOCOL).dump(one_run(*_WORLD, seed, throughput, kv)[0])
+    return out.getvalue()
 
 
 def run_many(config: ScheduleConfig, inputs: list[InputInfo], truth: dict, pool: AttemptPool,
@@ -114,7 +131,7 @@ def run_many(config: ScheduleConfig, inputs: list[InputInfo], truth: dict, pool:
     Python's cycle collector is off meanwhile (in the workers too): a run makes no reference cycles (tests/
     test_sim_golden.py checks), so it would find nothing, yet its passes over the growing list of results cost ~10% of
     a thousand runs."""
-    global _WORLD
+    global _WORLD, _LOGGED
     workers = min(workers, len(runs))
     collecting = gc.isenabled()
     gc.disable()
@@ -122,10 +139,12 @@ def run_many(config: ScheduleConfig, inputs: list[InputInfo], truth: dict, pool:
         if workers <= 1:
             return [one_run(config, inputs, truth, pool, serving, *run)[0] for run in runs]
         _WORLD = (config, inputs, truth, pool, serving)
+        _LOGGED = {id(attempt): index for index, attempt in enumerate(pool.logged)}
         with multiprocessing.get_context("fork").Pool(workers) as processes:
-            return processes.starmap(_result, runs, chunksize=max(1, len(runs) // (8 * workers)))
+            sent = processes.starmap(_result, runs, chunksize=max(1, len(runs) // (8 * workers)))
+        return [pickle.loads(result) for result in sent]
     finally:
-        _WORLD = ()
+        _WORLD, _LOGGED = (), {}
         if collecting:
             gc.enable()
 

@@ -71,6 +71,7 @@ class AttemptPool:
                 self._by_level.setdefault((key, r.level), []).append(attempt)
                 self._own_all.setdefault(key, []).append(attempt)
             self._forced[key] = [r for r in own if not r.natural]
+        self.logged = tuple(a for attempts in self._own_all.values() for a in attempts)  # rule 1's, made once
         self._pooled: dict[tuple, SimAttempt] = {}  # (record index, input, attempt number): rule 2's attempts
 
     def _right(self, record: AttemptRecord) -> bool:

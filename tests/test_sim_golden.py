@@ -120,6 +120,7 @@ def test_the_bare_policy_and_a_forecast_report_what_they_reported_before(world):
     forked = forecast(schedule, inputs, truth, pool, MOE.scaled(throughput=0.6), runs=3, seed=9,
                       throughput_noise=0.1, bootstraps=50, workers=2)
     assert [fingerprint(r) for r in forked.results] == [fingerprint(r) for r in made.results]
+    assert [r.finished for r in forked.results] == [r.finished for r in made.results]  # grids sent by reference too
     assert forked.score == made.score and forked.tasks_interval == made.tasks_interval
 
 
