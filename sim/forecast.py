@@ -118,9 +118,9 @@ def _logged(index: int) -> SimAttempt:
     return _WORLD[3].logged[index]
 
 
-def _result(seed: int, throughput: float, kv: float) -> bytes:
+def _result(run: tuple[int, float, float]) -> bytes:
     out = io.BytesIO()
-    _ResultPickler(out, pickle.HIGHEST_PROTOCOL).dump(one_run(*_WORLD, seed, throughput, kv)[0])
+    _ResultPickler(out, pickle.HIGHEST_PROTOCOL).dump(one_run(*_WORLD, *run)[0])
     return out.getvalue()
 
 
@@ -140,9 +140,8 @@ def run_many(config: ScheduleConfig, inputs: list[InputInfo], truth: dict, pool:
             return [one_run(config, inputs, truth, pool, serving, *run)[0] for run in runs]
         _WORLD = (config, inputs, truth, pool, serving)
         _LOGGED = {id(attempt): index for index, attempt in enumerate(pool.logged)}
-        with multiprocessing.get_context("fork").Pool(workers) as processes:
-            sent = processes.starmap(_result, runs, chunksize=max(1, len(runs) // (8 * workers)))
-        return [pickle.loads(result) for result in sent]
+        with multiprocessing.get_context("fork").Pool(workers) as processes:  # unpickled as they come, in order
+            return [pickle.loads(sent) for sent in processes.imap(_result, runs, max(1, len(runs) // (8 * workers)))]
     finally:
         _WORLD, _LOGGED = (), {}
         if collecting:
