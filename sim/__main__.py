@@ -8,20 +8,22 @@
                            [--max-in-flight N] [--throughput-noise SIGMA]
                            [--runs 50] [--bootstraps 1000] [--seed 0] [--sensitivity] [--sensitivity-step 0.05]
                            [--sensitivity-pairs 20] [--sweep KEY=V1,V2 | --sweep P1,P2] [--compare-fifo]
-                           [--out DIR] [--json PATH]
+                           [--out DIR] [--json PATH] [--workers N]
     python -m sim calibrate --stats attempts.stats.jsonl --profile NAME --kv-tokens N [--out serving.toml]
     python -m sim backtest LOG --tasks DIR [--solutions PATH] --profile NAME [--serving FILE]
 
 The solver's own scheduler and selection run on a simulated clock (sim/run.py) with attempts drawn from the logs
 (sim/pool.py) and a serving model of the engine and its KV cache (sim/serving.py; `--serving` defaults to
 sim/serving_models/PROFILE.toml). A scenario TOML (sim/scenario.py) holds the same fields as the options; options
-given on the command line win. The README gives the model's formulas and the drawing rules.
+given on the command line win. The README gives the model's formulas and the drawing rules. Runs are spread over
+`--workers` processes (default: every core this process may use); the results do not depend on their number.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -97,14 +99,15 @@ def cmd_forecast(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         result = forecast(resolved.schedule, inputs, truth, pool, resolved.serving, runs=variant.runs,
                           seed=variant.seed, throughput_noise=variant.throughput_noise,
-                          bootstraps=variant.bootstraps)
+                          bootstraps=variant.bootstraps, workers=args.workers)
         elapsed = time.perf_counter() - started
         numbers = summary(result, truth)
         rows.append((name, result, numbers))
         if document is not None:
             continue
         sens = sensitivity(resolved.schedule, inputs, truth, pool, resolved.serving, pairs=variant.sensitivity_pairs,
-                           seed=variant.seed, step=variant.sensitivity_step) if variant.sensitivity else None
+                           seed=variant.seed, step=variant.sensitivity_step,
+                           workers=args.workers) if variant.sensitivity else None
         report = text_report(name, result, truth, sens)
         index = result.median_run()
         run, engine = one_run(resolved.schedule, inputs, truth, pool, resolved.serving, result.seeds[index],
@@ -120,7 +123,8 @@ def cmd_forecast(args: argparse.Namespace) -> int:
         if args.compare_fifo:  # the same variant with second attempts first in, first out (same seeds: paired)
             fifo = forecast(replace(resolved.schedule, second_by_confidence=False), inputs, truth, pool,
                             resolved.serving, runs=variant.runs, seed=variant.seed,
-                            throughput_noise=variant.throughput_noise, bootstraps=variant.bootstraps)
+                            throughput_noise=variant.throughput_noise, bootstraps=variant.bootstraps,
+                            workers=args.workers)
             rows.append((f"{name} FIFO 2nd", fifo, summary(fifo, truth)))
     if len(rows) > 1:
         table = sweep_table(rows)
@@ -200,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also forecast the profile with second attempts first in, first out")
     f.add_argument("--out", default="out/simulate")
     f.add_argument("--json", type=Path, help="write the whole report as JSON here")
+    f.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
+                   help="processes the runs are spread over (default: the cores this process may use)")
     c = sub.add_parser("calibrate", help="fit the serving model to a run's per-window engine statistics")
     c.add_argument("--stats", required=True, type=Path)
     c.add_argument("--profile", required=True)

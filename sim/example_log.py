@@ -4,7 +4,7 @@ with, or a team's "what if" (longer thinking, fewer natural completions) without
     python -m sim.example_log --tasks ARC_DATA/arc-agi-2/evaluation --out sim/data/example_attempts.jsonl
         [--seed 0] [--cap 96000] [--thinking-easy 20000] [--thinking-hard 70000] [--thinking-sigma 0.6]
         [--natural-rate R] [--accuracy-by-length 16000:1.6,48000:1.0,96000:0.5] [--forced-accuracy 0.08]
-        [--program-rate 0.3] [--program-accuracy 0.75] [--attempts 3]
+        [--program-rate 0.3] [--program-accuracy 0.75] [--attempts 3] [--inputs-per-task 1:0.6,2:0.3,3:0.1]
 
 No real 12-hour run of a 27B or MoE model can be made here, so the example is generated from the numbers SPEC states
 (a published study): forced completions are right about 8% of the time and natural ones 42-86%; train-perfect
@@ -18,6 +18,11 @@ is right (d) and the median thinking length (easy + (hard - easy) x (1 - d) toke
   long thinking that is less often right, as the study saw.
 - a natural right answer comes with a train-perfect program with chance `program_rate`, right with chance
   `program_accuracy`.
+- `inputs_per_task` ("COUNT:WEIGHT,..."): log only a subset of the tasks, chosen (seeded) so that their test-input
+  counts follow the weights, as many tasks as the rarest asked count allows. A log is keyed by real test inputs with
+  real labels, so a task's count cannot change: the mix is reached by leaving tasks out. In a forecast the tasks left
+  out still run, drawing attempts from the pool like made-up ones; the pool they and made-up tasks draw from then has
+  the asked mix (the forecast's own `--inputs-per-task` sets the made-up tasks' counts).
 Durations follow 8 tokens/s per stream. Grids are the real labels when right, else a wrong grid. The defaults make
 the shipped example. Use your own run's log (`submission.main --log`) for forecasts that matter.
 """
@@ -30,6 +35,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from sim.scenario import parse_counts
 from submission.attempts import AttemptRecord
 from submission.schedule import Level
 from submission.tasks import load_tasks
@@ -51,6 +57,7 @@ class LogShape:
     program_rate: float = 0.3
     program_accuracy: float = 0.75
     attempts: int = 3
+    inputs_per_task: tuple[tuple[int, float], ...] = ()  # ((count, weight), ...): the logged tasks' mix
 
     def __post_init__(self) -> None:
         if not 1 <= self.attempts <= len(LEVELS):
@@ -78,7 +85,27 @@ def parse_bins(text: str) -> tuple[tuple[int, float], ...]:
     return bins
 
 
+def select_tasks(tasks, weights: tuple[tuple[int, float], ...], seed: int = 0) -> list:
+    """The most tasks whose test-input counts follow `weights` ((count, weight), ...), in their original order."""
+    total = sum(w for _, w in weights)
+    by_count: dict[int, list] = {}
+    for task in tasks:
+        by_count.setdefault(len(task.test_inputs), []).append(task)
+    asked = [(count, w / total) for count, w in weights if w > 0]
+    missing = [count for count, _ in asked if count not in by_count]
+    if missing:
+        raise ValueError(f"inputs per task: no task has {missing[0]} test inputs (counts here: "
+                         f"{dict(sorted((c, len(v)) for c, v in by_count.items()))})")
+    size = min(len(by_count[count]) / share for count, share in asked)  # tasks in all, the rarest count's limit
+    rng = random.Random(seed)
+    kept = {id(task) for count, share in asked
+            for task in rng.sample(by_count[count], min(round(size * share), len(by_count[count])))}
+    return [task for task in tasks if id(task) in kept]
+
+
 def make_records(tasks, seed: int = 0, shape: LogShape = LogShape()) -> list[AttemptRecord]:
+    if shape.inputs_per_task:
+        tasks = select_tasks(tasks, shape.inputs_per_task, seed)
     rng = random.Random(seed)
     records = []
     for task in tasks:
@@ -128,20 +155,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--program-rate", type=float, default=defaults.program_rate)
     parser.add_argument("--program-accuracy", type=float, default=defaults.program_accuracy)
     parser.add_argument("--attempts", type=int, default=defaults.attempts, help="logged attempts per input (1-4)")
+    parser.add_argument("--inputs-per-task", help="log only tasks in this mix of test-input counts, COUNT:WEIGHT,...")
     args = parser.parse_args(argv)
     try:
         shape = LogShape(args.cap, args.thinking_easy, args.thinking_hard, args.thinking_sigma, args.natural_rate,
                          args.accuracy_by_length, args.forced_accuracy, args.program_rate, args.program_accuracy,
-                         args.attempts)
+                         args.attempts, parse_counts(args.inputs_per_task))
+        tasks = load_tasks(args.tasks).tasks
+        records = make_records(tasks, args.seed, shape)
     except ValueError as err:
         parser.error(str(err))
-    tasks = load_tasks(args.tasks).tasks
-    records = make_records(tasks, args.seed, shape)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:
         for record in records:
             f.write(json.dumps(record.to_json(), separators=(",", ":")) + "\n")
-    print(f"{len(records)} synthetic attempts for {len(tasks)} tasks -> {args.out}")
+    logged = len({r.task_id for r in records})
+    print(f"{len(records)} synthetic attempts for {logged} tasks -> {args.out}")
 
 
 if __name__ == "__main__":

@@ -9,16 +9,23 @@ simulation itself (no I/O).
 - Sensitivity: `pairs` paired runs with common random numbers (the same seed, so every slot draws the same attempt:
   sim.run), once with the engine (1 + step) times faster and once with (1 + step) times the KV cache, against the
   base; the mean score difference in points per percent, with its paired standard error (stdev / sqrt(pairs)).
+
+Runs are independent and seeded, so `workers` processes (`python -m sim forecast --workers`, all cores by default)
+give the same results as one: they are forked with the task set and the pool, and send back only their results.
 """
 
 from __future__ import annotations
 
+import gc
+import io
 import math
+import multiprocessing
+import pickle
 import random
 import statistics
 from dataclasses import dataclass
 
-from sim.pool import AttemptPool
+from sim.pool import AttemptPool, SimAttempt
 from sim.run import SimResult, simulate
 from sim.serving import ServingModel, SharedEngine
 from submission.schedule import InputInfo, ScheduleConfig
@@ -95,16 +102,61 @@ def one_run(config: ScheduleConfig, inputs: list[InputInfo], truth: dict, pool: 
     return result, engine
 
 
+_WORLD: tuple = ()  # what forked workers run on: set before the fork, so it is inherited, not sent
+_LOGGED: dict[int, int] = {}  # id -> index of the pool's logged attempts, the same objects on both sides of the fork
+
+
+class _ResultPickler(pickle.Pickler):
+    """Sends a logged attempt (most of a result's bytes: its grids) as its index in the pool both sides hold."""
+
+    def reducer_override(self, obj):
+        index = _LOGGED.get(id(obj)) if type(obj) is SimAttempt else None
+        return NotImplemented if index is None else (_logged, (index,))
+
+
+def _logged(index: int) -> SimAttempt:
+    return _WORLD[3].logged[index]
+
+
+def _result(run: tuple[int, float, float]) -> bytes:
+    out = io.BytesIO()
+    _ResultPickler(out, pickle.HIGHEST_PROTOCOL).dump(one_run(*_WORLD, *run)[0])
+    return out.getvalue()
+
+
+def run_many(config: ScheduleConfig, inputs: list[InputInfo], truth: dict, pool: AttemptPool,
+             serving: ServingModel, runs: list[tuple[int, float, float]], workers: int = 1) -> list[SimResult]:
+    """one_run for each (seed, throughput, kv), in order, on up to `workers` forked processes.
+
+    Python's cycle collector is off meanwhile (in the workers too): a run makes no reference cycles (tests/
+    test_sim_golden.py checks), so it would find nothing, yet its passes over the growing list of results cost ~10% of
+    a thousand runs."""
+    global _WORLD, _LOGGED
+    workers = min(workers, len(runs))
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        if workers <= 1:
+            return [one_run(config, inputs, truth, pool, serving, *run)[0] for run in runs]
+        _WORLD = (config, inputs, truth, pool, serving)
+        _LOGGED = {id(attempt): index for index, attempt in enumerate(pool.logged)}
+        with multiprocessing.get_context("fork").Pool(workers) as processes:  # unpickled as they come, in order
+            return [pickle.loads(sent) for sent in processes.imap(_result, runs, max(1, len(runs) // (8 * workers)))]
+    finally:
+        _WORLD, _LOGGED = (), {}
+        if collecting:
+            gc.enable()
+
+
 def forecast(config: ScheduleConfig, inputs: list[InputInfo], truth: dict, pool: AttemptPool,
              serving: ServingModel, runs: int = 50, seed: int = 0, throughput_noise: float = 0.0,
-             bootstraps: int = 1000) -> Forecast:
+             bootstraps: int = 1000, workers: int = 1) -> Forecast:
     if runs < 1:
         raise ValueError("runs: at least one simulated run is needed")
     noise = random.Random(seed)
-    results, factors = [], []
-    for run in range(runs):
-        factors.append(math.exp(noise.gauss(0.0, throughput_noise)) if throughput_noise else 1.0)
-        results.append(one_run(config, inputs, truth, pool, serving, seed + run, factors[-1])[0])
+    factors = [math.exp(noise.gauss(0.0, throughput_noise)) if throughput_noise else 1.0 for _ in range(runs)]
+    results = run_many(config, inputs, truth, pool, serving,
+                       [(seed + run, factors[run], 1.0) for run in range(runs)], workers)
     scores = [r.score for r in results]
     per_task = {t: statistics.fmean(r.task_scores[t] for r in results) for t in results[0].task_scores}
     values = list(per_task.values())
@@ -128,15 +180,18 @@ class Sensitivity:
 
 
 def sensitivity(config: ScheduleConfig, inputs: list[InputInfo], truth: dict, pool: AttemptPool,
-                serving: ServingModel, pairs: int = 20, seed: int = 0, step: float = 0.05) -> list[Sensitivity]:
+                serving: ServingModel, pairs: int = 20, seed: int = 0, step: float = 0.05,
+                workers: int = 1) -> list[Sensitivity]:
     """Points of score per percent more throughput and per percent more KV cache (paired, common random numbers)."""
     if pairs < 2 or step <= 0:
         raise ValueError("sensitivity: at least 2 pairs and a positive step are needed")
-    base = [one_run(config, inputs, truth, pool, serving, seed + run)[0].score for run in range(pairs)]
+    scales = ((1.0, 1.0), (1 + step, 1.0), (1.0, 1 + step))  # base, throughput, cache
+    results = run_many(config, inputs, truth, pool, serving,
+                       [(seed + run, t, kv) for t, kv in scales for run in range(pairs)], workers)
+    base = [r.score for r in results[:pairs]]
     out = []
-    for name, scale in (("throughput", dict(throughput=1 + step)), ("kv_cache", dict(kv=1 + step))):
-        diffs = [one_run(config, inputs, truth, pool, serving, seed + run, **scale)[0].score - base[run]
-                 for run in range(pairs)]
+    for index, name in ((1, "throughput"), (2, "kv_cache")):
+        diffs = [r.score - b for r, b in zip(results[index * pairs:(index + 1) * pairs], base)]
         out.append(Sensitivity(name, statistics.fmean(diffs) / (100 * step),
                                statistics.stdev(diffs) / math.sqrt(pairs) / (100 * step), step, pairs))
     return out

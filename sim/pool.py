@@ -58,6 +58,21 @@ class AttemptPool:
         self.by_level: dict[Level, list[AttemptRecord]] = {}
         for r in self.records:
             self.by_level.setdefault(r.level, []).append(r)
+        # Rule 1's choices and attempts, made once: a forecast draws the same slots a thousand times.
+        self._by_attempt: dict[tuple, list[SimAttempt]] = {}  # (input, attempt number): in log order
+        self._by_level: dict[tuple, list[SimAttempt]] = {}  # (input, level) (apart: Level.SECOND == 1)
+        self._own_all: dict[tuple[str, int], list[SimAttempt]] = {}
+        self._forced: dict[tuple[str, int], list[AttemptRecord]] = {}
+        for key, own in self.by_input.items():
+            for r in own:
+                attempt = SimAttempt(r.thinking_tokens, r.answer_tokens, r.prompt_tokens, r.natural, r.grid,
+                                     r.train_perfect, r.demos_right, r.program_outputs, "own")
+                self._by_attempt.setdefault((key, r.attempt), []).append(attempt)
+                self._by_level.setdefault((key, r.level), []).append(attempt)
+                self._own_all.setdefault(key, []).append(attempt)
+            self._forced[key] = [r for r in own if not r.natural]
+        self.logged = tuple(a for attempts in self._own_all.values() for a in attempts)  # rule 1's, made once
+        self._pooled: dict[tuple, SimAttempt] = {}  # (record index, input, attempt number): rule 2's attempts
 
     def _right(self, record: AttemptRecord) -> bool:
         return record.grid is not None and record.grid == self.truth.get((record.task_id, record.test_index))
@@ -75,28 +90,33 @@ class AttemptPool:
 
     def draw(self, request: Request, rng: random.Random) -> SimAttempt:
         key = request.key
-        own = self.by_input.get(key)
+        own = self._own_all.get(key)
         if own:
-            same = [r for r in own if r.attempt == request.attempt] or [r for r in own if r.level is request.level]
-            record = same[0] if len(same) == 1 else rng.choice(same or own)
-            attempt = SimAttempt(record.thinking_tokens, record.answer_tokens, record.prompt_tokens, record.natural,
-                                 record.grid, record.train_perfect, record.demos_right, record.program_outputs, "own")
+            same = self._by_attempt.get((key, request.attempt)) or self._by_level.get((key, request.level))
+            attempt = same[0] if same is not None and len(same) == 1 else rng.choice(same or own)
         else:
-            record = rng.choice(self.by_level.get(request.level) or self.records)
-            truth = self.truth[key]
+            attempt = self._pooled_attempt(request, rng.choice(self.by_level.get(request.level) or self.records))
+        return self._cut(attempt, request, rng)
+
+    def _pooled_attempt(self, request: Request, record: AttemptRecord) -> SimAttempt:
+        """Rule 2: the record's lengths and correctness on this slot (the same in every run: kept)."""
+        slot = (id(record), request.key, request.attempt)
+        attempt = self._pooled.get(slot)
+        if attempt is None:
+            truth = self.truth[request.key]
             grid = None if record.grid is None else truth if self._right(record) else self._wrong_grid(request, "grid")
             outputs: tuple = ()
             if record.train_perfect:
                 outputs = tuple(None for _ in range(request.test_index)) + (
                     truth if self._program_right(record) else self._wrong_grid(request, "program"),)
-            attempt = SimAttempt(record.thinking_tokens, record.answer_tokens, 0, record.natural,
-                                 grid, record.train_perfect, record.demos_right, outputs, "pool")
-        return self._cut(attempt, request, rng)
+            attempt = self._pooled[slot] = SimAttempt(record.thinking_tokens, record.answer_tokens, 0, record.natural,
+                                                      grid, record.train_perfect, record.demos_right, outputs, "pool")
+        return attempt
 
     def _cut(self, attempt: SimAttempt, request: Request, rng: random.Random) -> SimAttempt:
         if attempt.thinking <= request.cap:
             return attempt
-        forced = [r for r in self.by_input.get(request.key, []) if not r.natural]
+        forced = self._forced.get(request.key)
         if forced:
             grid = rng.choice(forced).grid
         else:

@@ -100,13 +100,37 @@ class SimResult:
         return out
 
 
-def slot_rng(seed: int, request: Request) -> random.Random:
-    """The random stream of one slot of one run (see the module doc)."""
+class SlotStream:
+    """The random stream of one slot of one run (see the module doc): a random.Random, seeded when first drawn from.
+    Most draws take no random number (an input's own attempt of the same number, not cut), and seeding was most of a
+    draw's cost."""
+
+    __slots__ = ("seed", "_rng")
+
+    def __init__(self, seed: int):
+        self.seed, self._rng = seed, None
+
+    def _stream(self) -> random.Random:
+        if self._rng is None:
+            self._rng = random.Random(self.seed)
+        return self._rng
+
+    def choice(self, items):  # what sim.pool draws with, without __getattr__'s detour
+        return self._stream().choice(items)
+
+    def random(self) -> float:
+        return self._stream().random()
+
+    def __getattr__(self, name: str):  # uniform, randint, ...: the seeded stream's
+        return getattr(self._stream(), name)
+
+
+def slot_rng(seed: int, request: Request) -> SlotStream:
     # request.seed is the scheduler's stable hash of (task, test input, attempt): no second hash per request.
-    return random.Random((((seed << 32 | request.seed) << 4 | int(request.level)) << 8) | request.repair_turn)
+    return SlotStream((((seed << 32 | request.seed) << 4 | int(request.level)) << 8) | request.repair_turn)
 
 
-def simulate(config: ScheduleConfig, inputs: list[InputInfo], draw: Callable[[Request, random.Random], SimAttempt],
+def simulate(config: ScheduleConfig, inputs: list[InputInfo], draw: Callable[[Request, SlotStream], SimAttempt],
              engine: SimEngine, truth: dict[tuple[str, int], object], seed: int | random.Random) -> SimResult:
     """Run the schedule until nothing is left or the hard stop; score the selected answers against `truth`.
     `seed` is the run seed (a random.Random gives one)."""

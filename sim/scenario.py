@@ -82,15 +82,16 @@ class Scenario:
 
 
 def parse_counts(text: str | None) -> tuple[tuple[int, float], ...]:
-    """ "1:0.6,2:0.3,3:0.1" -> ((1, 0.6), (2, 0.3), (3, 0.1)): test inputs per made-up task and their weights."""
+    """ "1:0.6,2:0.3,3:0.1" -> ((1, 0.6), (2, 0.3), (3, 0.1)): test inputs per task and their weights (a scenario's
+    made-up tasks, sim.example_log's logged tasks)."""
     if not text:
         return ()
     try:
         pairs = tuple((int(a), float(b)) for a, b in (item.split(":") for item in text.split(",") if item))
     except ValueError:
-        raise ValueError(f"scenario: inputs_per_task must be COUNT:WEIGHT,..., got {text!r}") from None
+        raise ValueError(f"inputs_per_task must be COUNT:WEIGHT,..., got {text!r}") from None
     if not pairs or any(not 1 <= c <= 4 or w < 0 for c, w in pairs) or not sum(w for _, w in pairs) > 0:
-        raise ValueError(f"scenario: inputs_per_task needs counts 1-4 and positive weights, got {text!r}")
+        raise ValueError(f"inputs_per_task needs counts 1-4 and positive weights, got {text!r}")
     return pairs
 
 

@@ -25,6 +25,7 @@ events, not millions of steps.
 
 from __future__ import annotations
 
+import heapq
 import math
 import tomllib
 from dataclasses import MISSING, dataclass, field, fields, replace
@@ -84,7 +85,7 @@ def load_serving(path: str | Path) -> ServingModel:
         raise ValueError(f"{path}: {err}") from None
 
 
-@dataclass(eq=False)  # identity: the engine removes jobs from its lists, and field-wise equality is slow
+@dataclass(eq=False, slots=True)  # identity: the engine keys its running requests by job; equality is slow
 class Job:
     """One request inside the simulated engine. `payload` is whatever the caller needs back at the end."""
 
@@ -92,10 +93,12 @@ class Job:
     prompt: int
     tokens: int  # tokens it will generate (thinking + answer)
     payload: object = None
-    generated: int = 0
+    generated: int = 0  # while it runs, the engine's step count minus `base` (kept up to date when it stops)
     submitted: float = math.nan
     started: float = math.nan  # first admitted (after its prefill)
     preemptions: int = 0
+    base: int = 0  # while running: the engine's step count when it had generated nothing
+    admitted: int = -1  # while running: its admission number (its place in the running order)
 
 
 @dataclass(frozen=True)
@@ -111,21 +114,29 @@ class Sample:
 
 @dataclass
 class SharedEngine:
-    """Continuous batching and a paged KV cache on a simulated clock (see the module doc)."""
+    """Continuous batching and a paged KV cache on a simulated clock (see the module doc).
+
+    Every running request gains a token per step, so none is touched between events: the engine counts its steps,
+    a running request's generated tokens are that count minus its `base`, and a heap of finishing steps gives the next
+    completion. A pass over the running requests is made only when the cache could fill before it."""
 
     model: ServingModel
     now: float = 0.0
     waiting: list[Job] = field(default_factory=list)
-    running: list[Job] = field(default_factory=list)  # in admission order: the last is preempted first
+    running: dict[Job, None] = field(default_factory=dict)  # in admission order: the last is preempted first
     context: float = 0.0
     tokens: int = 0  # generated so far, all jobs
     prefilled: int = 0  # prompt tokens prefilled, re-prefills after preemption included
     timeline: list[Sample] = field(default_factory=list)
     preempted: list[tuple[float, tuple, int]] = field(default_factory=list)  # (time, job key, tokens it had)
     _no_admission: bool = False  # the step after a preemption admits nothing (as vLLM)
+    _steps: int = 0  # decode steps taken
+    _admissions: int = 0
+    _finishing: list[tuple[int, int, Job]] = field(default_factory=list)  # heap: (step it finishes at, admitted, job)
 
     def __post_init__(self) -> None:
         self.now = max(self.now, self.model.startup_s)
+        self._size, self._total = self.model.block_size, self.model.blocks  # read at every event
 
     def submit(self, job: Job, now: float) -> None:
         if job.prompt + job.tokens > self.model.kv_tokens:
@@ -135,17 +146,17 @@ class SharedEngine:
         self.waiting.append(job)
 
     def _blocks(self, tokens: int) -> int:
-        return -(-tokens // self.model.block_size)
+        return -(-tokens // self._size)
 
     def _used(self) -> int:
         """Blocks the running requests need for their next step."""
-        size = self.model.block_size
-        return sum([(j.prompt + j.generated + size - 1) // size for j in self.running])
+        size, steps = self._size, self._steps
+        return sum([(j.prompt + steps - j.base + size - 1) // size for j in self.running])
 
     def _used_bound(self, steps: int = 0) -> float:
         """An upper bound of the blocks needed `steps` steps from now, without a pass over the requests: each
         request's tokens rounded up to a whole block cost at most block_size - 1 more."""
-        n, size = len(self.running), self.model.block_size
+        n, size = len(self.running), self._size
         return (self.context + n * (steps + size - 1)) / size
 
     def _admit(self) -> None:
@@ -153,13 +164,13 @@ class SharedEngine:
         if self._no_admission:
             self._no_admission = False
             return
-        keep = int(self.model.watermark * self.model.blocks)
+        keep = int(self.model.watermark * self._total)
         used = None
         while self.waiting and len(self.running) < self.model.max_num_seqs:
             job = self.waiting[0]
             prefill = job.prompt + job.generated
             need = self._blocks(prefill)
-            limit = self.model.blocks - (keep if self.running else 0)  # vLLM: no watermark for a lone request
+            limit = self._total - (keep if self.running else 0)  # vLLM: no watermark for a lone request
             if used is None and self._used_bound() + need > limit:
                 used = self._used()
             if used is not None and used + need > limit:
@@ -172,17 +183,27 @@ class SharedEngine:
             self.context += prefill
             if math.isnan(job.started):
                 job.started = self.now
-            self.running.append(job)
+            job.base, job.admitted = self._steps - job.generated, self._admissions
+            self._admissions += 1
+            self.running[job] = None
+            heapq.heappush(self._finishing, (job.base + job.tokens, job.admitted, job))
 
     def _steps_before_full(self, used: int) -> int:
         """Whole steps the running requests (holding `used` blocks for their next step) can take before one of them
         finds no free block."""
-        size = self.model.block_size
+        size, steps = self._size, self._steps
         # Request i next needs a new block after (size - (L_i - 1) % size) steps (L_i its tokens), then every `size`
         # steps: the (free + 1)-th crossing over all requests is the first step that cannot be served.
-        crossings = sorted([size - (j.prompt + j.generated - 1) % size for j in self.running])
-        cycle, position = divmod(self.model.blocks - used, len(crossings))
+        crossings = sorted([size - (j.prompt + steps - j.base - 1) % size for j in self.running])
+        cycle, position = divmod(self._total - used, len(crossings))
         return crossings[position] + cycle * size
+
+    def _next_finish(self) -> int:
+        """Steps to the next completion (entries of preempted requests are dropped on the way)."""
+        heap = self._finishing
+        while heap[0][1] != heap[0][2].admitted:
+            heapq.heappop(heap)
+        return heap[0][0] - self._steps
 
     def advance(self, now: float, limit: float) -> tuple[float, list[Job]]:
         """Run to the next completion (or to `limit`); return the time and the jobs that finished then."""
@@ -193,9 +214,9 @@ class SharedEngine:
             if not self.running:
                 return math.inf, []
             n = len(self.running)
-            to_finish = min([j.tokens - j.generated for j in self.running])
-            if self._used_bound(to_finish - 1) <= self.model.blocks:  # room to the next completion: no pass needed
-                steps, used = to_finish, math.ceil(self.context / self.model.block_size)
+            to_finish = self._next_finish()
+            if self._used_bound(to_finish - 1) <= self._total:  # room to the next completion: no pass needed
+                steps, used = to_finish, math.ceil(self.context / self._size)
             else:
                 used = self._used()
                 steps = min(to_finish, self._steps_before_full(used))
@@ -212,27 +233,36 @@ class SharedEngine:
             if steps == to_finish:
                 break
             self._preempt()
-        done = [j for j in self.running if j.generated >= j.tokens]
+        done = []
+        heap = self._finishing
+        while heap and heap[0][0] <= self._steps:  # in admission order, as they are running
+            _, admitted, job = heapq.heappop(heap)
+            if admitted == job.admitted:
+                done.append(job)
         for job in done:
-            self.running.remove(job)
-            self.context -= job.prompt + job.generated
+            self._stop(job)
         return self.now, done
+
+    def _stop(self, job: Job) -> None:
+        """Take a job off the running requests, its generated tokens brought up to date."""
+        del self.running[job]
+        job.generated, job.admitted = self._steps - job.base, -1
+        self.context -= job.prompt + job.generated
 
     def _preempt(self) -> None:
         """The next step does not fit: preempt the newest running requests until it does (vLLM's recompute)."""
         used = self._used()
-        while used > self.model.blocks:
-            job = self.running.pop()
+        while used > self._total:
+            job = next(reversed(self.running))
+            self._stop(job)
             used -= self._blocks(job.prompt + job.generated)
-            self.context -= job.prompt + job.generated
             job.preemptions += 1
             self.preempted.append((self.now, job.key, job.generated))
             self.waiting.insert(0, job)
         self._no_admission = True
 
     def _generate(self, steps: int, n: int) -> None:
-        for job in self.running:
-            job.generated += steps
+        self._steps += steps
         self.context += n * steps
         self.tokens += n * steps
 
@@ -245,6 +275,9 @@ class SharedEngine:
         return max(int((-lin + math.sqrt(lin * lin + 4 * q * seconds)) / (2 * q)), 0)
 
     def abort_all(self) -> list[Job]:
-        jobs = self.running + self.waiting
-        self.running, self.waiting, self.context = [], [], 0.0
+        running = list(self.running)
+        for job in running:
+            self._stop(job)
+        jobs = running + self.waiting
+        self.waiting, self.context, self._finishing = [], 0.0, []
         return jobs

@@ -23,6 +23,7 @@ what is still running at the hard stop (`time_limit_s - hard_stop_margin_s`). At
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
 import itertools
@@ -195,6 +196,7 @@ def second_priority(first: Outcome, task_inputs: int, task_perfect: bool) -> tup
     return int(task_inputs > 1), int(confidence(first, task_perfect)), first.thinking_tokens
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a simulated forecast asks for the same slots' seeds a thousand times
 def stable_seed(task_id: str, test_index: int, attempt: int, tag: str = "") -> int:
     """A seed from (task, test input, attempt, tag) that is the same on every machine and Python version."""
     digest = hashlib.sha256(f"{task_id}/{test_index}/{attempt}/{tag}".encode()).digest()
@@ -228,6 +230,8 @@ class Scheduler:
             raise ValueError("schedule: duplicate test inputs")
         self._order = itertools.count()
         self._queue: list[tuple[tuple, tuple[str, int], Level, int]] = []  # (priority, key, level, repair turn)
+        self._too_late: list[tuple[tuple, tuple[str, int], Level, int]] = []  # entries past their level's start
+        self._too_late_at = 0.0  # when the last of them was set aside
         self.in_flight: dict[tuple[str, int, int], Request] = {}
         self.skipped: list[Skip] = []
         self.task_perfect: set[str] = set()  # tasks with a train-perfect program (found on any of their inputs)
@@ -262,13 +266,19 @@ class Scheduler:
         time only moves on, caps only shrink and late levels only become less allowed."""
         if now > self.config.stop_new or len(self.in_flight) >= self.config.max_in_flight:
             return None
-        deferred = []
+        if self._too_late and now < self._too_late_at:  # called at an earlier time: they may be allowed again
+            for entry in self._too_late:
+                heapq.heappush(self._queue, entry)
+            self._too_late.clear()
         request = None
         while self._queue:
             entry = heapq.heappop(self._queue)
             _, key, level, turn = entry
             if not self._allowed(level, now):
-                deferred.append(entry)  # too late for this level now, and it only gets later: kept for the record
+                # Too late for this level now, and it only gets later: set aside (kept for the record), not popped
+                # again by every later call as when it was pushed back (the simulator's costliest line, issue 16).
+                self._too_late.append(entry)
+                self._too_late_at = now
                 continue
             state = self.inputs[key]
             cap = self.config.cap(self._level_cap(state, level, turn), now)
@@ -280,8 +290,6 @@ class Scheduler:
             request = Request(key[0], key[1], attempt, level, cap, stable_seed(key[0], key[1], attempt), turn)
             self.in_flight[(key[0], key[1], attempt)] = request
             break
-        for entry in deferred:
-            heapq.heappush(self._queue, entry)
         return request
 
     def on_finished(self, now: float, outcome: Outcome) -> None:
@@ -357,4 +365,5 @@ class Scheduler:
         return aborted
 
     def pending(self) -> int:
-        return len(self._queue)
+        """Queued attempts never started: still queued, or too late for their level."""
+        return len(self._queue) + len(self._too_late)

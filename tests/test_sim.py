@@ -16,6 +16,7 @@ import pytest
 from sim.backtest import backtest
 from sim.calibrate import fit
 from sim.example_log import LogShape, make_records, parse_bins
+from sim.example_log import main as main_example_log
 from sim.forecast import build_inputs, forecast, one_run, sensitivity
 from sim.pool import AttemptPool
 from sim.run import LatencyEngine, simulate
@@ -248,6 +249,29 @@ def test_example_log_options_shape_the_log(arc_data):
     assert accuracy(falling, True) > accuracy(falling, False) + 0.3
     with pytest.raises(ValueError):
         parse_bins("9000:1,8000:1")
+
+
+def test_example_log_takes_inputs_per_task(arc_data, tmp_path, capsys):
+    """--inputs-per-task logs the tasks in the asked mix of test-input counts (the evaluation set has 75 single-input
+    and 43 two-input tasks: an even mix is 43 of each), every input of a logged task with its attempts."""
+    evaluation = arc_data / "arc-agi-2" / "evaluation"
+    out = tmp_path / "even.jsonl"
+    main_example_log(["--tasks", str(evaluation), "--out", str(out), "--inputs-per-task", "1:0.5,2:0.5"])
+    assert "for 86 tasks" in capsys.readouterr().out
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    tasks = {t.id: t for t in load_tasks(evaluation).tasks}
+    logged: dict[str, set] = {}
+    for r in records:
+        logged.setdefault(r["task_id"], set()).add((r["test_index"], r["attempt"]))
+    counts = [len(tasks[t].test_inputs) for t in logged]
+    assert counts.count(1) == counts.count(2) == 43 and len(counts) == 86
+    assert all(v == {(i, a) for i in range(len(tasks[t].test_inputs)) for a in (1, 2, 3)} for t, v in logged.items())
+    mostly_single = make_records(list(tasks.values()), 0, LogShape(inputs_per_task=parse_counts("1:0.9,2:0.1")))
+    assert len({r.task_id for r in mostly_single}) == round(75 / 0.9)  # the single-input tasks are the limit
+    for bad, message in (("4:1", "no task has 4 test inputs"), ("5:1", "counts 1-4")):
+        with pytest.raises(SystemExit):
+            main_example_log(["--tasks", str(evaluation), "--out", str(out), "--inputs-per-task", bad])
+        assert message in capsys.readouterr().err
 
 
 def test_scenario_file_json_and_plots(arc_data, tmp_path):
