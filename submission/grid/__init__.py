@@ -15,9 +15,14 @@ def profile_path(name_or_path: str | Path) -> Path:
     return path if path.suffix else PROFILES / f"{name_or_path}.toml"
 
 
-def is_grid_profile(name_or_path: str | Path) -> bool:
-    """Whether a profile says `line = "grid"` (cheap: submission.main asks before importing either line)."""
+def profile_line(name_or_path: str | Path) -> str | None:
+    """A profile's `line`: "grid", "both" (submission.grid.both), or None for the reasoning line's profiles (cheap:
+    submission.main asks before importing any line)."""
     try:
-        return tomllib.loads(profile_path(name_or_path).read_text()).get("line") == "grid"
+        return tomllib.loads(profile_path(name_or_path).read_text()).get("line")
     except (OSError, tomllib.TOMLDecodeError):
-        return False
+        return None
+
+
+def is_grid_profile(name_or_path: str | Path) -> bool:
+    return profile_line(name_or_path) == "grid"

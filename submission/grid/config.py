@@ -13,10 +13,10 @@ Unknown sections and keys are refused with the file, section and key (submission
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from submission.config import ProfileError, _build
+from submission.config import ProfileError, _build, _toml_value
 from submission.grid import profile_path
 from submission.grid.ttt import TTTConfig
 
@@ -102,3 +102,12 @@ def load_grid_profile(name_or_path: str | Path) -> GridProfile:
         raise ProfileError(f"{path}: line: not a grid-line profile (needs line = \"grid\")")
     raw.setdefault("name", path.stem)
     return _build(GridProfile, raw, str(path))
+
+
+def grid_profile_to_toml(profile: GridProfile) -> str:
+    """The profile as TOML, every value (a run's copy; the combined run hands its grid line one)."""
+    lines = [f"name = {_toml_value(profile.name)}", f"line = {_toml_value(profile.line)}"]
+    for section in ("model", "ttt", "search", "rescore", "run"):
+        lines.append(f"\n[{section}]")
+        lines += [f"{key} = {_toml_value(value)}" for key, value in asdict(getattr(profile, section)).items()]
+    return "\n".join(lines) + "\n"
