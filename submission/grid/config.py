@@ -46,6 +46,11 @@ class RescoreConfig:
     views: int = 8
     share: float = 0.25  # of each test input's time, kept from the search for the rescoring
     seed: int = 0  # with the task id, seeds every view of the search, the rescoring and the training
+    batch: int = 1  # sequences (views x candidates) per model call; whole views per call; 1 = one at a time
+
+    def __post_init__(self) -> None:
+        if self.batch < 1:
+            raise ValueError(f"rescore.batch must be at least 1, got {self.batch}")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from submission.grid.format import VOCAB
+from submission.grid.format import PAD, VOCAB
 
 
 def load_model(model_dir: str | Path, dtype: str = "bfloat16", device: str = "cpu"):
@@ -65,10 +65,21 @@ class HFStepper:
 
 
 @torch.no_grad()
-def answer_nll(model, ids: Sequence[int], answer_len: int) -> float:
-    """Negative log-likelihood (nats, float32 sum) of the last `answer_len` tokens of `ids` given the rest."""
+def answer_nlls(model, items: Sequence[tuple[Sequence[int], int]]) -> list[float]:
+    """Per item (token ids, answer length): the negative log-likelihood (nats, float32 sum) of the last `answer
+    length` tokens given the rest; all items in one forward pass, right-padded with <pad> and masked (a padded
+    position is never attended to and never scored, so each result is its unbatched value up to float rounding)."""
     device = next(model.parameters()).device
-    x = torch.tensor([list(ids)], device=device)
-    logp = torch.log_softmax(model(input_ids=x).logits[0, -answer_len - 1:-1].float(), -1)
-    target = x[0, -answer_len:]
-    return float(-logp.gather(1, target[:, None]).sum())
+    width = max(len(ids) for ids, _ in items)
+    x = torch.full((len(items), width), PAD, device=device)
+    mask = torch.zeros((len(items), width), dtype=torch.long, device=device)
+    for row, (ids, _) in enumerate(items):
+        x[row, :len(ids)] = torch.tensor(list(ids), device=device)
+        mask[row, :len(ids)] = 1
+    logits = model(input_ids=x, attention_mask=mask, use_cache=False).logits
+    out = []
+    for row, (ids, answer_len) in enumerate(items):
+        logp = torch.log_softmax(logits[row, len(ids) - answer_len - 1:len(ids) - 1].float(), -1)
+        target = x[row, len(ids) - answer_len:len(ids)]
+        out.append(float(-logp.gather(1, target[:, None]).sum()))
+    return out

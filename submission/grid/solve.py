@@ -40,7 +40,7 @@ class TaskOutcome:
 
 def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int, time_limit: float,
                clock: Callable[[], float] = time.monotonic) -> TaskOutcome:
-    from submission.grid.model import HFStepper, answer_nll  # torch: only in the worker processes
+    from submission.grid.model import HFStepper, answer_nlls  # torch: only in the worker processes
 
     start = clock()
     deadline = start + time_limit
@@ -82,8 +82,8 @@ def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int,
         t1 = clock()
         stage["search"] += t1 - t0
         views = rescoring_views(task, profile.rescore.views, seed)
-        candidates = rescore(task, index, dict(hits), views, lambda ids, n: answer_nll(model, ids, n), max_len,
-                             input_deadline, clock)
+        candidates = rescore(task, index, dict(hits), views, lambda items: answer_nlls(model, items), max_len,
+                             input_deadline, clock, profile.rescore.batch)
         stage["rescore"] += clock() - t1
         out.append(tuple(rank(candidates)))
     return TaskOutcome(task.id, tuple(out), dict(stage), report.steps, report.planned, report.losses, steps,
