@@ -368,14 +368,14 @@ def main(argv: list[str] | None = None, watchdog: bool = True) -> int:
     parser.add_argument("--scale-schedule", action="store_true",
                         help="scale the schedule's margins and caps to --deadline (a rehearsal in miniature)")
     args = parser.parse_args(argv)
-    if is_grid_profile(args.profile):  # the grid line (SPEC section 10): its own workers, same answer file and log
-        from submission.grid.main import run as run_grid_line
-
-        return run_grid_line(args)
     if profile_line(args.profile) == "both":  # both lines, each on its share of the GPUs, one merged answer file
         from submission.grid.both import run as run_both_lines
 
         return run_both_lines(args)
+    if is_grid_profile(args.profile):  # the grid line (SPEC section 10): its own workers, same answer file and log
+        from submission.grid.main import run as run_grid_line
+
+        return run_grid_line(args)
     try:
         profile = load_profile(args.profile)
         if args.model:

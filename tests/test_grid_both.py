@@ -131,3 +131,24 @@ def test_a_combined_run_writes_the_merge_of_both_lines(arc_data, tmp_path):
         assert answer[first.id][index]["attempt_1"] == [list(row) for row in label]
         assert answer[first.id][index]["attempt_2"] == grid_only[first.id][index]["attempt_1"]
     assert "score (both)" in done.stdout and "score (grid line)" in done.stdout
+
+
+def test_shipped_combined_profiles_give_each_line_its_share(tmp_path):
+    from submission.config import ProfileError, load_profile
+    from submission.grid import is_grid_profile
+    from submission.grid.both import line_profiles, load_both_profile
+    from submission.grid.config import load_grid_profile
+
+    assert is_grid_profile("both-4xL4") and load_both_profile("both-tiny").grid.workers == ("cpu",)
+    both = load_both_profile("both-4xL4")
+    reasoning, grid = line_profiles(both, 3600.0)
+    (tmp_path / "r.toml").write_text(reasoning)
+    (tmp_path / "g.toml").write_text(grid)
+    r, g = load_profile(tmp_path / "r.toml"), load_grid_profile(tmp_path / "g.toml")
+    assert (r.engine.tensor_parallel_size, r.schedule.time_limit_s, both.reasoning.devices) == (2, 3600.0, "0,1")
+    assert (g.run.devices, g.run.max_len, g.run.time_limit_s, both.grid.devices) == (
+        ("cuda:0", "cuda:1"), (13312, 12288), 3600.0, "2,3")
+    assert g.ttt == load_grid_profile("grid-4b-4xL4").ttt  # the rest is the line's own profile
+    (tmp_path / "bad.toml").write_text('line = "both"\n[grid]\nworkerz = ["cpu"]\n')
+    with pytest.raises(ProfileError, match="workerz"):
+        load_both_profile(tmp_path / "bad.toml")

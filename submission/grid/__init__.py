@@ -25,4 +25,6 @@ def profile_line(name_or_path: str | Path) -> str | None:
 
 
 def is_grid_profile(name_or_path: str | Path) -> bool:
-    return profile_line(name_or_path) == "grid"
+    """Whether a profile runs through submission/grid/ (`line = "grid"` or `"both"`), not the reasoning line's alone
+    (the reasoning line's profile checks leave these out)."""
+    return profile_line(name_or_path) in ("grid", "both")

@@ -39,6 +39,7 @@ from submission.score import score
 from submission.tasks import LoadError, load_tasks
 
 REPO = Path(__file__).resolve().parents[2]
+MERGE_S = 15.0  # the lines' time limit is this much shorter than the run's: room for their shutdown and the merge
 
 
 @dataclass(frozen=True)
@@ -153,10 +154,8 @@ def run(args: argparse.Namespace) -> int:
     except (ProfileError, LoadError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    # each line stops a little earlier than the merge, which writes last
-    hard_stop = min(load_profile(both.reasoning.profile).schedule.hard_stop_margin_s,
-                    load_grid_profile(both.grid.profile).run.hard_stop_margin_s)
-    stop_watchdog = start_watchdog(limit, limit - hard_stop / 2)
+    # the lines' limit is MERGE_S short of the run's: their hard stops and shutdowns end before the last merge
+    stop_watchdog = start_watchdog(limit, limit - 4.0)
     root = args.out.parent
     root.mkdir(parents=True, exist_ok=True)
     answers = AnswerFile(args.out, tasks.test_counts())
@@ -171,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         env = dict(os.environ)
         if share.devices:
             env["CUDA_VISIBLE_DEVICES"] = share.devices
-        cmd = line_command(module, pythons[name], args, folder, limit - (time.monotonic() - started))
+        cmd = line_command(module, pythons[name], args, folder, limit - MERGE_S - (time.monotonic() - started))
         lines[name] = (folder / "attempts.jsonl", subprocess.Popen(cmd, cwd=REPO, env=env))
     sizes: dict[str, int] = {}
     try:
