@@ -1,6 +1,6 @@
 """The grid-model line (SPEC section 10): a model with a 16-token vocabulary that writes grids directly, adapted to
 each task at test time (ttt), searched depth-first (dfs), rescored under fresh views (rescore), run by one worker per
-device on a shared queue (workers, main)."""
+device on a shared queue (workers, main); beside the reasoning line in one run, answers merged (both, merge)."""
 
 from __future__ import annotations
 
