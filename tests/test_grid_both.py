@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -84,10 +85,15 @@ def test_a_combined_run_writes_the_merge_of_both_lines(arc_data, tmp_path):
     from build.grid_vocab import cut
     from build.tiny import make_checkpoint
     from submission.grid.config import grid_profile_to_toml, load_grid_profile
+    from submission.grid.queue import task_cost
     from submission.tasks import load_tasks
 
-    evaluation = arc_data / "arc-agi-2" / "evaluation"
-    tasks = sorted(load_tasks(evaluation).tasks, key=lambda t: t.id)[:3]
+    # the two cheapest evaluation tasks, in a folder of their own (the run takes a folder's tasks by id)
+    evaluation = tmp_path / "tasks"
+    evaluation.mkdir()
+    tasks = sorted(load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks, key=task_cost)[:2]
+    for task in tasks:
+        shutil.copy(arc_data / "arc-agi-2" / "evaluation" / f"{task.id}.json", evaluation)
     # the reasoning line's earlier run: the right grid twice for the first task's inputs, wrong 1x1 grids elsewhere
     rng, logged = random.Random(0), []
     for task in tasks:
@@ -109,9 +115,10 @@ def test_a_combined_run_writes_the_merge_of_both_lines(arc_data, tmp_path):
         f'line = "both"\npoll_s = 0.5\n[reasoning]\nprofile = "{tmp_path / "replay.toml"}"\n'
         f'[grid]\nprofile = "{tmp_path / "grid.toml"}"\nworkers = ["cpu"]\nmodel = "{grid_model}"\n')
     out = tmp_path / "run" / "submission.json"
-    done = subprocess.run([sys.executable, "-m", "submission.main", "--tasks", str(evaluation), "--max-tasks", "3",
-                           "--profile", str(tmp_path / "both.toml"), "--deadline", "120", "--out", str(out),
-                           "--solutions", str(evaluation)], cwd=REPO, capture_output=True, text=True, timeout=200)
+    # a roomy deadline (the run ends when both lines have finished): a busy shared machine starts workers slowly
+    done = subprocess.run([sys.executable, "-m", "submission.main", "--tasks", str(evaluation), "--profile",
+                           str(tmp_path / "both.toml"), "--deadline", "300", "--out", str(out), "--solutions",
+                           str(evaluation)], cwd=REPO, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
     reasoning_log = read_log(tmp_path / "run" / "reasoning" / "attempts.jsonl")
     grid_log = read_log(tmp_path / "run" / "grid" / "attempts.jsonl")
@@ -131,6 +138,8 @@ def test_a_combined_run_writes_the_merge_of_both_lines(arc_data, tmp_path):
         assert answer[first.id][index]["attempt_1"] == [list(row) for row in label]
         assert answer[first.id][index]["attempt_2"] == grid_only[first.id][index]["attempt_1"]
     assert "score (both)" in done.stdout and "score (grid line)" in done.stdout
+    again = subprocess.run(done.args, cwd=REPO, capture_output=True, text=True, timeout=100)
+    assert again.returncode == 2 and "--resume" in again.stderr  # an earlier run's logs are never merged by mistake
 
 
 def test_shipped_combined_profiles_give_each_line_its_share(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ pytest.importorskip("peft")
 
 from submission.attempts import read_log  # noqa: E402
 from submission.grid.config import grid_profile_to_toml, load_grid_profile  # noqa: E402
+from submission.grid.queue import task_cost  # noqa: E402
 from submission.tasks import load_tasks  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,15 +43,19 @@ def test_a_killed_run_resumes_without_redoing_or_losing_tasks(arc_data, tmp_path
                       rescore=replace(profile.rescore, views=1),
                       run=replace(profile.run, devices=("cpu",), min_task_s=2.0, max_task_s=4.0))
     (tmp_path / "grid.toml").write_text(grid_profile_to_toml(profile))
-    evaluation = arc_data / "arc-agi-2" / "evaluation"
-    counts = {t.id: len(t.test_inputs) for t in load_tasks(evaluation).first(3).tasks}
+    evaluation = tmp_path / "tasks"  # the three cheapest evaluation tasks
+    evaluation.mkdir()
+    for task in sorted(load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks, key=task_cost)[:3]:
+        shutil.copy(arc_data / "arc-agi-2" / "evaluation" / f"{task.id}.json", evaluation)
+    counts = {t.id: len(t.test_inputs) for t in load_tasks(evaluation).tasks}
     log, out = tmp_path / "attempts.jsonl", tmp_path / "submission.json"
-    cmd = [sys.executable, "-m", "submission.grid.main", "--tasks", str(evaluation), "--max-tasks", "3",
-           "--profile", str(tmp_path / "grid.toml"), "--deadline", "120", "--out", str(out), "--log", str(log)]
+    # a roomy deadline (the run ends when its tasks are done): a busy shared machine starts workers slowly
+    cmd = [sys.executable, "-m", "submission.grid.main", "--tasks", str(evaluation), "--profile",
+           str(tmp_path / "grid.toml"), "--deadline", "300", "--out", str(out), "--log", str(log)]
     run = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            start_new_session=True)
     try:
-        until = time.monotonic() + 120
+        until = time.monotonic() + 300
         while not finished_tasks(log, counts) and time.monotonic() < until and run.poll() is None:
             time.sleep(0.1)
         os.killpg(run.pid, signal.SIGKILL)  # the whole run at once, workers included, as a lost machine
@@ -63,7 +69,7 @@ def test_a_killed_run_resumes_without_redoing_or_losing_tasks(arc_data, tmp_path
     refused = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "--resume" in refused.stderr  # a new run never appends to an old log
 
-    done = subprocess.run(cmd + ["--resume"], cwd=REPO, capture_output=True, text=True, timeout=200)
+    done = subprocess.run(cmd + ["--resume"], cwd=REPO, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
     after = read_log(log)
     assert after[:len(before)] == before  # nothing lost

@@ -5,16 +5,17 @@ file chosen from both by `submission.grid.merge`.
                                    [--reasoning-model DIR] [--grid-model DIR] [--reasoning-python PATH]
                                    [--grid-python PATH] [--resume] [--solutions PATH] [--max-tasks N]
 
-`python -m submission.main --profile both-4xL4` runs this too (with the profile's models and this interpreter).
-The interpreters are options because on CPU the lines live in different environments (vLLM's; PEFT's). A combined profile (`line = "both"`, e.g.
-profiles/both-4xL4.toml) names each line's own profile and gives each its share of the machine: the reasoning
-line's engine sees only `reasoning.devices` (CUDA_VISIBLE_DEVICES, tensor parallelism `reasoning.tensor_parallel_size`),
-the grid line's workers run on `grid.workers` among the GPUs `grid.devices` makes visible. Each line runs as it
-does alone, in its own process (its own watchdog, deadline, log and answer file under OUT_DIR/reasoning and
-OUT_DIR/grid, `--resume` passed on); this process is the one writer of `--out`: it re-reads both logs whenever one
-grows (every `poll_s`) and rewrites the merged answers, atomically, so the answer file is complete and valid
-throughout. A line that fails leaves the other's answers standing. Off by default: only a `line = "both"` profile
-runs it.
+`python -m submission.main --profile both-4xL4` runs this too (with the profile's models and this interpreter;
+the interpreters are options because on CPU the lines live in different environments, vLLM's and PEFT's). A combined
+profile (`line = "both"`, e.g. profiles/both-4xL4.toml) names each line's own profile and gives each its share of the
+machine: the reasoning line's engine sees only `reasoning.devices` (CUDA_VISIBLE_DEVICES; tensor parallelism
+`reasoning.tensor_parallel_size`), the grid line's workers run on `grid.workers` among the GPUs `grid.devices` makes
+visible. Each line runs as it does alone, in its own process (its own watchdog, deadline, log and answer file under
+OUT_DIR/reasoning and OUT_DIR/grid, `--resume` passed on); this process is the one writer of `--out`: it re-reads
+both logs whenever one grows (every `poll_s`) and rewrites the merged answers, atomically, so the answer file is
+complete and valid throughout. The lines' time limit is MERGE_S short of the run's, so their shutdowns end before the
+last merge. A line that fails leaves the other's answers standing; a folder with an earlier run's logs is refused
+unless `--resume`. Off by default: only a `line = "both"` profile runs it.
 """
 
 from __future__ import annotations
@@ -154,9 +155,13 @@ def run(args: argparse.Namespace) -> int:
     except (ProfileError, LoadError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    # the lines' limit is MERGE_S short of the run's: their hard stops and shutdowns end before the last merge
-    stop_watchdog = start_watchdog(limit, limit - 4.0)
     root = args.out.parent
+    earlier = [root / n / "attempts.jsonl" for n in ("reasoning", "grid")]
+    if not args.resume and any(log.exists() and log.stat().st_size for log in earlier):
+        print(f"error: {root} holds the logs of an earlier run: pass --resume to continue it, or choose another "
+              "--out folder", file=sys.stderr)
+        return 2
+    stop_watchdog = start_watchdog(limit, limit - 4.0)  # the lines end MERGE_S earlier (module doc)
     root.mkdir(parents=True, exist_ok=True)
     answers = AnswerFile(args.out, tasks.test_counts())
     lines = {}
@@ -175,15 +180,14 @@ def run(args: argparse.Namespace) -> int:
     sizes: dict[str, int] = {}
     try:
         while True:
-            running = [name for name, (_, process) in lines.items() if process.poll() is None]
+            running = any(process.poll() is None for _, process in lines.values())
             grown = {name: log.stat().st_size for name, (log, _) in lines.items() if log.exists()}
-            if grown != sizes:
+            if grown != sizes:  # read after the poll: once both lines have exited, their logs are read whole
                 sizes = grown
                 merged = merge_logs(tasks.test_counts(), *(read_log(lines[n][0]) if n in grown else []
                                                            for n in ("reasoning", "grid")))
                 if any([answers.set(task_id, index, pair) for (task_id, index), pair in merged.items()]):
                     answers.write()
-                continue  # once more: a line may have finished while the logs were read
             if not running:
                 break
             time.sleep(both.poll_s)

@@ -4,11 +4,12 @@ Each worker loads the grid model once, wraps it with the task adapter once, and 
 (`solve.solve_task`), reporting `started` / `done` / `failed` on its own report pipe. One pipe per worker, not one
 shared queue: a worker killed in the middle of a report (SIGKILL, the OOM killer) leaves a shared queue's write lock
 held for ever and every other worker's reports stuck behind it; a private pipe only loses its own, half-written,
-message, which reads as end of file. The coordinator is the only writer: it appends each task's records to the attempt log and rewrites the answer file atomically after every
-task. It watches the workers: a process that dies (killed, out of memory) or overruns its task's limit by more than
-`GRACE_S` is retired and its task goes back to the front of the queue for another worker (once); a worker that
-fails `run.max_failures` tasks in a row is told to exit. A worker whose coordinator is gone exits when idle. No task
-starts after `run.stop_new`; at the hard stop every worker is terminated and the answers so far stand.
+message, which reads as end of file. The coordinator is the only writer: it appends each task's records to the
+attempt log and rewrites the answer file atomically after every task. It watches the workers: a process that dies
+(killed, out of memory) or overruns its task's limit by more than `GRACE_S` is retired and its task goes back to the
+front of the queue for another worker (once); a worker that fails `run.max_failures` tasks in a row is told to exit.
+A worker whose coordinator is gone exits when idle. No task starts after `run.stop_new`; at the hard stop every
+worker is terminated and the answers so far stand.
 
 `resume`: a run restarted with the log of a killed one restores every task whose records (attempts 1 and 2 of every
 test input) are all in the log, answers included, and queues only the others. A task killed while its records were
