@@ -161,3 +161,15 @@ def test_shipped_combined_profiles_give_each_line_its_share(tmp_path):
     (tmp_path / "bad.toml").write_text('line = "both"\n[grid]\nworkerz = ["cpu"]\n')
     with pytest.raises(ProfileError, match="workerz"):
         load_both_profile(tmp_path / "bad.toml")
+
+
+@pytest.mark.parametrize("profile", ["grid-4b-4xL4", "both-4xL4"])
+def test_the_bundle_refuses_grid_side_profiles_with_the_reason(profile, tmp_path, capsys):
+    from build.bundle import bundle
+    from build.pipeline import main as pipeline
+
+    with pytest.raises(ValueError, match="does not carry the grid line yet"):
+        bundle(profile, tmp_path, tmp_path / "bundle")
+    with pytest.raises(SystemExit):
+        pipeline(["--profile", profile, "--out", str(tmp_path / "out")])
+    assert "lack PEFT" in capsys.readouterr().err and not (tmp_path / "bundle").exists()
