@@ -63,3 +63,35 @@ def test_the_deadline_counts_whole_views_only(task):
 
     ranked = rescore(task, 0, hits, views, nlls, 4096, deadline=1.0, clock=lambda: now[0], batch=4)
     assert [c.nll for c in ranked] == [1.5, 1.5]  # two views in the first call (1 and 2), the second call never ran
+
+
+def test_preloaded_prompts_search_as_prompts_run_one_by_one(model, task):
+    """A search batch's prompts prefilled in one call (right-padded): each prompt's slice of the cache gives the
+    next-token distribution, every later step and the search's answers of its own prefill."""
+    import copy
+
+    import numpy as np
+    import torch
+
+    from submission.grid.dfs import search
+    from submission.grid.format import encode
+    from submission.grid.model import HFStepper
+    from submission.grid.rescore import search_views
+
+    peaked = copy.deepcopy(model)
+    with torch.no_grad():
+        peaked.lm_head.weight.mul_(80.0)  # a trained model's confidence: the search branches and finds answers
+    prompts = [encode(shown.train, shown.test_inputs[0], max_len=4096).ids
+               for shown in (view.apply(task) for view in search_views(task, 2, 2, seed=0))]
+    assert len({len(p) for p in prompts}) == 2  # transposed views differ in length: the batch is padded
+    alone, batched = HFStepper(peaked), HFStepper(peaked)
+    batched.preload(prompts)
+    for prompt in prompts:
+        assert np.allclose(batched.prefill(prompt), alone.prefill(prompt), atol=1e-4)
+        assert batched.length == alone.length == len(prompt)
+        assert np.allclose(batched.push(prompt[1]), alone.push(prompt[1]), atol=1e-4)
+    batched.preload(prompts)
+    shorter = min(prompts, key=len)  # a padded row; a cut-off of 0.5 keeps the search short (one branch at most)
+    one, two = search(HFStepper(peaked), shorter, 0.5), search(batched, shorter, 0.5)
+    assert [f.tokens for f in two.found] == [f.tokens for f in one.found] and two.steps == one.steps > 0
+    assert [f.logp for f in two.found] == pytest.approx([f.logp for f in one.found], abs=1e-4)

@@ -107,7 +107,7 @@ def test_a_combined_run_writes_the_merge_of_both_lines(arc_data, tmp_path):
     grid_model = cut(make_checkpoint(tmp_path / "base", "qwen3", seed=4), tmp_path / "grid-model")
     grid = load_grid_profile("grid-tiny")
     grid = replace(grid, ttt=replace(grid.ttt, sequences=2),
-                   search=replace(grid.search, dihedrals=1, colour_perms=2, batch_s=2.0),
+                   search=replace(grid.search, dihedrals=1, colour_perms=2, batch_s=2.0, preload=True),
                    rescore=replace(grid.rescore, views=1),
                    run=replace(grid.run, min_task_s=2.0, max_task_s=4.0))
     (tmp_path / "grid.toml").write_text(grid_profile_to_toml(grid))

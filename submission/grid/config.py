@@ -35,6 +35,7 @@ class SearchConfig:
     views_per_batch: int = 4
     batch_s: float = 540.0  # search time per batch of views, at most
     max_side: int = 30  # the grammar's bound on rows and columns
+    preload: bool = False  # prefill a batch's prompts in one model call (then the search runs view by view)
 
     def __post_init__(self) -> None:
         if not 0 < self.cutoff <= 1:
