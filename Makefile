@@ -22,7 +22,7 @@ UNSLOTH_VENV ?= $(KIT_CACHE)/venv-unsloth-cpu-py$(PYVER)-$(UNSHASH)
 UPY       := $(UNSLOTH_VENV)/bin/python
 export ARC_DATA
 
-.PHONY: env engine-env build-env unsloth-env vllm-gpu-wheel grid-dry-run prune-demo wheels bundle train-rft train-grid \
+.PHONY: env engine-env build-env unsloth-env vllm-gpu-wheel grid-dry-run both-dry-run prune-demo wheels bundle train-rft train-grid \
 	test test-core dry-run simulate demo bench clean
 
 env: $(VENV)/.installed
@@ -62,8 +62,9 @@ test: engine-env build-env unsloth-env vllm-gpu-wheel
 	$(EPY) -m pytest -q tests
 	$(BPY) -m pytest -q tests/test_prune.py tests/test_patch_eot.py tests/test_quantize.py tests/test_pipeline.py \
 	    tests/test_rft.py tests/test_fused_groups.py tests/test_layerwise.py tests/test_build_scale.py
-	$(BPY) -m pytest -q tests/test_grid_ttt.py tests/test_grid_workers.py tests/test_grid_tune.py
-	$(UPY) -m pytest -q tests/test_rft.py -k unsloth
+	$(BPY) -m pytest -q tests/test_grid_ttt.py tests/test_grid_workers.py tests/test_grid_tune.py \
+	    tests/test_grid_resume.py tests/test_grid_both.py
+	$(UPY) -m pytest -q tests/test_rft.py tests/test_grid_tune.py -k unsloth
 
 # The suite without the engine environment (engine tests skip): CI runs it on the second Python version.
 test-core: env
@@ -93,6 +94,18 @@ grid-dry-run: build-env
 	$(BPY) -m submission.grid.main --tasks $(ARC_DATA)/arc-agi-2/evaluation --max-tasks 10 --profile grid-tiny \
 	    --model $(OUT)/tiny-grid --deadline 300 --out $(OUT)/grid-dry-run/submission.json \
 	    --log $(OUT)/grid-dry-run/attempts.jsonl --solutions $(ARC_DATA)/arc-agi-2/evaluation
+
+# Both lines in one run on CPU (profiles/both-tiny.toml): the reasoning line's tiny model on the hf engine and one
+# grid-line worker, each in its own environment, one merged answer file (README: both lines in one run).
+both-dry-run: engine-env build-env
+	rm -rf $(OUT)/both-dry-run
+	$(EPY) -m build.tiny --arch qwen3 --out $(OUT)/tiny-qwen3
+	$(BPY) -m build.tiny --arch qwen3 --out $(OUT)/tiny-qwen3-base
+	$(BPY) -m build.grid_vocab --model $(OUT)/tiny-qwen3-base --out $(OUT)/tiny-grid
+	$(EPY) -m submission.grid.both --tasks $(ARC_DATA)/arc-agi-2/evaluation --max-tasks 10 --profile both-tiny \
+	    --reasoning-model $(OUT)/tiny-qwen3 --grid-model $(OUT)/tiny-grid --reasoning-python $(EPY) \
+	    --grid-python $(BPY) --deadline 300 --out $(OUT)/both-dry-run/submission.json \
+	    --solutions $(ARC_DATA)/arc-agi-2/evaluation
 
 # The core end to end without a model: the shipped example programs over ARC-AGI-2 training, scored.
 demo: env

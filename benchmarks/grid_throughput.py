@@ -1,5 +1,6 @@
-"""The grid line on CPU: TTT steps per second, and search tokens per second with KV-cache reuse against re-running
-the whole prefix per step and against transformers' plain `generate`, on one tiny grid model, one thread.
+"""The grid line on CPU: TTT steps per second, search tokens per second with KV-cache reuse against re-running
+the whole prefix per step and against transformers' plain `generate`, and the rescoring batched (8 views per model
+call) against one sequence per call, on one tiny grid model, one thread.
 
     python benchmarks/grid_throughput.py [--steps 16] [--cutoff 0.02]
 
@@ -30,8 +31,9 @@ from build.grid_vocab import cut  # noqa: E402
 from build.tiny import make_checkpoint  # noqa: E402
 from submission.grid.dfs import search  # noqa: E402
 from submission.grid.format import encode  # noqa: E402
-from submission.grid.model import HFStepper, load_model  # noqa: E402
+from submission.grid.model import HFStepper, answer_nlls, load_model  # noqa: E402
 from submission.grid.queue import task_cost  # noqa: E402
+from submission.grid.rescore import rescore, rescoring_views  # noqa: E402
 from submission.grid.ttt import Adapter, TTTConfig, training_sequences  # noqa: E402
 from submission.tasks import load_tasks  # noqa: E402
 
@@ -98,6 +100,21 @@ def main() -> None:
     print(f"  no cache   {naive.steps / naive_s:8.1f} tok/s ({naive_s:.2f} s)  -> reuse is {naive_s / cached_s:.1f}x")
     print(f"  generate   {generated / gen_s:8.1f} tok/s ({gen_s:.2f} s, {generated} tokens greedy)"
           f"  -> search/generate {cached.steps / cached_s / (generated / gen_s):.2f}")
+
+    label = task.test_outputs[0]
+    hits = {label: 1, tuple(tuple((c + 1) % 10 for c in row) for row in label): 1, ((1, 2), (3, 4)): 1}
+    views = rescoring_views(task, 8, seed=0)
+    timed = {}
+    for batch in (1, 8 * len(hits)):
+        t = time.perf_counter()
+        ranked = rescore(task, 0, hits, views, lambda items: answer_nlls(model, items), 4096, batch=batch)
+        timed[batch] = (time.perf_counter() - t, [c.nll for c in ranked])
+    (one_s, one), (all_s, together) = timed.values()
+    assert np.allclose(one, together, rtol=1e-5), (one, together)  # the same NLLs, up to float rounding
+    calls = len(views) * len(hits)
+    print(f"rescoring: {len(hits)} candidates x {len(views)} views: one sequence per call {calls / one_s:.1f} seq/s "
+          f"({one_s:.2f} s), all {calls} in one call {calls / all_s:.1f} seq/s ({all_s:.2f} s) -> "
+          f"batched is {one_s / all_s:.2f}x")
 
     config = TTTConfig(rank=8, sequences=args.steps, lr=1e-3)
     adapter = Adapter(load_model(model_dir, "float32"), config)

@@ -86,7 +86,10 @@ def upload_advice(dataset: Path, chosen_id: str) -> str:
 def bundle(profile: str, model: Path, out: Path, target: str = "cpu-py311", dataset_id: str = PLACEHOLDER_ID,
            max_file_bytes: int = 20 * 2**30) -> Path:
     from submission.config import load_profile
+    from submission.grid import NOT_BUNDLED, is_grid_profile
 
+    if is_grid_profile(profile):
+        raise ValueError(NOT_BUNDLED.format(profile=profile))
     load_profile(profile)  # refuse an unknown or broken profile before copying gigabytes
     if out.exists():
         raise ValueError(f"{out}: already exists; refusing to overwrite")

@@ -65,7 +65,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--id", help="the Kaggle dataset id (default: KAGGLE_USERNAME/arc-kit-bundle)")
     args = parser.parse_args(argv)
     from submission.config import load_profile
+    from submission.grid import NOT_BUNDLED, is_grid_profile
 
+    if is_grid_profile(args.profile):
+        parser.error(NOT_BUNDLED.format(profile=args.profile))
     plan = load_profile(args.profile).build
 
     def chosen(option, configured: str):

@@ -2,6 +2,7 @@
 
     python -m sim.grid --log attempts.jsonl --tasks DIR [--solutions PATH] --profile grid-4b-4xL4
                        [--hidden-tasks 240] [--runs 50] [--seed 0]
+                       [--reasoning-log REASONING.jsonl --both both-4xL4 [--serving FILE]]
 
 Each logged task (attempt-1 records with `grid_line`) gives its seconds by stage, the time limit it had and whether
 its attempts were right (when labels are known). A simulated run draws `--hidden-tasks` of them with replacement
@@ -10,6 +11,16 @@ workers; a task lasts the share of its limit it used in the log times the limit 
 their share of the limit: an approximation, exact for tasks that used their whole limit), and a task that would end
 after the hard stop is unanswered. Model loading and worker start-up are not modelled. Reports the forecast score
 (mean and 5-95% over runs), tasks answered by the deadline and the logged seconds by stage.
+
+With `--reasoning-log` and a combined profile (`--both`, line = "both"), three forecasts on the same drawn tasks
+(common random numbers): all GPUs to the grid line (`--profile`), all GPUs to the reasoning line (the combined
+profile's reasoning profile, the solver's scheduler on the serving model `--serving`, default
+sim/serving_models/PROFILE.toml: sim.run), and the split (the grid line on `grid.workers`, the reasoning line on the
+serving model scaled to its share of the GPUs, answers merged by submission.grid.merge). Tasks are drawn from those
+both logs hold with labels, so each draw keeps how the two lines did on the same task. Approximate: the reasoning
+line's throughput and KV cache are taken as proportional to its GPUs (a TP2 engine on two L4s has less than half the
+KV cache of TP4 on four: its weights take twice the share per GPU, so the split is forecast optimistically for the
+reasoning line); the grid line's tasks last as in its log.
 """
 
 from __future__ import annotations
@@ -21,9 +32,18 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from dataclasses import replace
+
+from sim.pool import AttemptPool
+from sim.run import simulate
+from sim.serving import ServingModel, SharedEngine
 from submission.attempts import AttemptRecord, read_log
 from submission.grid.config import GridProfile, load_grid_profile
+from submission.grid.merge import grid_candidates, merged_answers
 from submission.grid.queue import TaskQueue, task_cost
+from submission.grid.rescore import Candidate as GridCandidate
+from submission.schedule import InputInfo, ScheduleConfig
+from submission.solve import Candidates
 from submission.tasks import Task, load_tasks
 
 
@@ -45,7 +65,7 @@ def logged_tasks(records: list[AttemptRecord], tasks: dict[str, Task]) -> list[L
     out = []
     for task_id, group in sorted(by_task.items()):
         task = tasks[task_id]
-        first = next(r for r in group if r.attempt == 1)
+        first = [r for r in group if r.attempt == 1][-1]  # a task redone after a kill: its last records
         detail = first.grid_line
         right = 0.0
         if task.test_outputs is not None:
@@ -61,15 +81,22 @@ class RunForecast:
     score: float  # percent, task-weighted
     answered: int
     tasks: int
+    answered_ids: frozenset = frozenset()  # the drawn tasks ("t0", ...) answered by the deadline
 
 
-def one_run(logged: list[LoggedTask], profile: GridProfile, hidden_tasks: int, rng: random.Random) -> RunForecast:
+def draw_tasks(logged: list[LoggedTask], hidden_tasks: int, rng: random.Random) -> dict[str, LoggedTask]:
+    return {f"t{i}": rng.choice(logged) for i in range(hidden_tasks)}
+
+
+def one_run(logged: list[LoggedTask], profile: GridProfile, hidden_tasks: int, rng: random.Random,
+            drawn: dict[str, LoggedTask] | None = None) -> RunForecast:
     run = profile.run
-    drawn = {f"t{i}": rng.choice(logged) for i in range(hidden_tasks)}
+    drawn = drawn or draw_tasks(logged, hidden_tasks, rng)
     queue = TaskQueue({k: v.cost for k, v in drawn.items()}, run.min_task_s, run.max_task_s, run.max_failures)
     workers = len(run.devices)
     free = [(0.0, w) for w in range(workers)]
     answered, score = 0, 0.0
+    done: set[str] = set()
     ends: list[float] = []
     while free:
         free.sort()
@@ -82,11 +109,88 @@ def one_run(logged: list[LoggedTask], profile: GridProfile, hidden_tasks: int, r
         end = now + drawn[task_id].used * limit
         if end <= run.hard_stop:
             answered += 1
+            done.add(task_id)
             score += drawn[task_id].right
             queue.done(worker, task_id)
             ends.append(end)
             free.append((end, worker))
-    return RunForecast(100 * score / hidden_tasks, answered, hidden_tasks)
+    return RunForecast(100 * score / len(drawn), answered, len(drawn), frozenset(done))
+
+
+@dataclass(frozen=True)
+class Split:
+    """The reasoning line's side of a comparison: its schedule, logged attempts and serving model on all GPUs."""
+
+    schedule: ScheduleConfig
+    records: tuple[AttemptRecord, ...]
+    serving: ServingModel
+    share: float  # of the GPUs the reasoning line gets in the split
+
+
+@dataclass(frozen=True)
+class Comparison:
+    grid_only: float  # percent, task-weighted, one simulated run
+    reasoning_only: float
+    both: float
+
+
+def reasoning_run(split: Split, drawn: dict[str, LoggedTask], tasks: dict[str, Task], share: float,
+                  seed: int) -> Candidates:
+    """The reasoning line on `share` of its serving model (throughput and KV cache), serving the drawn tasks with
+    attempts drawn from their own logged ones (sim.run): the candidates it has per input at its hard stop."""
+    truth, inputs, origin, prompts = {}, [], {}, {}
+    for record in split.records:
+        if record.prompt_tokens:
+            prompts[(record.task_id, record.test_index)] = record.prompt_tokens
+    for drawn_id, logged in drawn.items():
+        task = tasks[logged.task_id]
+        origin[drawn_id] = task.id
+        for index, label in enumerate(task.test_outputs or ()):
+            inputs.append(InputInfo(drawn_id, index, prompts.get((task.id, index), 4000), len(task.test_inputs)))
+            truth[(drawn_id, index)] = truth[(task.id, index)] = label
+    pool = AttemptPool(list(split.records), truth)
+
+    def draw(request, rng):
+        return pool.draw(replace(request, task_id=origin[request.task_id]), rng)
+
+    result = simulate(split.schedule, inputs, draw, SharedEngine(split.serving.scaled(share, share)), truth, seed)
+    counts = {i.task_id: i.task_inputs for i in inputs}
+    out = Candidates()
+    for request, attempt, _, _ in result.finished:
+        out.add(request.task_id, request.test_index, request.attempt, attempt.grid, attempt.train_perfect,
+                attempt.program_outputs[:counts[request.task_id]])
+    return out
+
+
+def task_score(drawn: dict[str, LoggedTask], tasks: dict[str, Task], answers) -> float:
+    """Percent, task-weighted: `answers(drawn_id, index)` -> the two attempts."""
+    total = 0.0
+    for drawn_id, logged in drawn.items():
+        labels = tasks[logged.task_id].test_outputs
+        total += sum(label in answers(drawn_id, i) for i, label in enumerate(labels)) / len(labels)
+    return 100 * total / len(drawn)
+
+
+def compare(logged: list[LoggedTask], grid_records: list[AttemptRecord], tasks: dict[str, Task],
+            grid_all: GridProfile, grid_split: GridProfile, split: Split, hidden_tasks: int,
+            rng: random.Random) -> Comparison:
+    """One simulated run of each arrangement on the same drawn tasks (module doc)."""
+    joint = {r.task_id for r in split.records}
+    drawn = draw_tasks([t for t in logged if t.task_id in joint], hidden_tasks, rng)
+    seed = rng.getrandbits(32)
+    found: dict[tuple[str, int], list[GridCandidate]] = grid_candidates(grid_records)
+    grid_alone = one_run(logged, grid_all, hidden_tasks, rng, drawn)
+    reasoning_alone = reasoning_run(split, drawn, tasks, 1.0, seed)
+    grid_side = one_run(logged, grid_split, hidden_tasks, rng, drawn).answered_ids
+    reasoning_side = reasoning_run(split, drawn, tasks, split.share, seed)
+
+    def both(drawn_id: str, index: int):
+        grid = found.get((drawn[drawn_id].task_id, index), []) if drawn_id in grid_side else []
+        return merged_answers(reasoning_side.by_input.get((drawn_id, index), []), grid)
+
+    return Comparison(grid_alone.score,
+                      task_score(drawn, tasks, lambda d, i: reasoning_alone.answers((d, i))),
+                      task_score(drawn, tasks, both))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,7 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden-tasks", type=int, default=240)
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reasoning-log", type=Path, action="append", help="the reasoning line's log(s), with --both")
+    parser.add_argument("--both", help="a combined profile (line = \"both\"): compare it with each line alone")
+    parser.add_argument("--serving", type=Path, help="the reasoning line's serving model (sim/serving_models/)")
     args = parser.parse_args(argv)
+    if bool(args.reasoning_log) != bool(args.both):
+        parser.error("--reasoning-log and --both go together")
     profile = load_grid_profile(args.profile)
     tasks = {t.id: t for t in load_tasks(args.tasks, args.solutions).tasks}
     logged = logged_tasks([r for path in args.log for r in read_log(path)], tasks)
@@ -106,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {', '.join(map(str, args.log))}: no grid-line records for these tasks", file=sys.stderr)
         return 2
     rng = random.Random(args.seed)
+    if args.both:
+        return print_comparison(args, profile, tasks, logged, [r for path in args.log for r in read_log(path)], rng)
     runs = [one_run(logged, profile, args.hidden_tasks, rng) for _ in range(args.runs)]
     scores = sorted(r.score for r in runs)
     low, high = scores[int(0.05 * (len(scores) - 1))], scores[int(0.95 * (len(scores) - 1))]
@@ -116,6 +227,40 @@ def main(argv: list[str] | None = None) -> int:
     stages = sorted({k for t in logged for k in t.stage_s})
     print("logged seconds by stage (mean per task): " + ", ".join(
         f"{k} {statistics.mean(t.stage_s.get(k, 0.0) for t in logged):.1f}" for k in stages))
+    return 0
+
+
+def print_comparison(args: argparse.Namespace, grid_all: GridProfile, tasks: dict[str, Task],
+                     logged: list[LoggedTask], grid_records: list[AttemptRecord], rng: random.Random) -> int:
+    from sim.scenario import SERVING_MODELS
+    from sim.serving import load_serving
+    from submission.config import load_profile
+    from submission.grid.both import load_both_profile
+
+    both = load_both_profile(args.both)
+    reasoning = load_profile(both.reasoning.profile)
+    grid_split = load_grid_profile(both.grid.profile)
+    grid_split = replace(grid_split, run=replace(grid_split.run, devices=both.grid.workers or grid_split.run.devices))
+    gpus = len(both.reasoning.devices.split(",")) if both.reasoning.devices else both.reasoning.tensor_parallel_size
+    share = max(gpus, 1) / (max(gpus, 1) + len(grid_split.run.devices))
+    records = tuple(r for path in args.reasoning_log for r in read_log(path) if r.task_id in tasks)
+    joint = {r.task_id for r in records} & {t.task_id for t in logged}
+    if not joint:
+        print("error: no task is in both lines' logs", file=sys.stderr)
+        return 2
+    serving = load_serving(args.serving or SERVING_MODELS / f"{Path(both.reasoning.profile).stem}.toml")
+    split = Split(reasoning.schedule, records, serving, share)
+    runs = [compare(logged, grid_records, tasks, grid_all, grid_split, split, args.hidden_tasks, rng)
+            for _ in range(args.runs)]
+    print(f"{len(joint)} tasks in both logs; {args.runs} runs of {args.hidden_tasks} tasks; the split "
+          f"({both.name}): the reasoning line on {share:.0%} of the GPUs, the grid line on "
+          f"{len(grid_split.run.devices)} workers")
+    for name, value in (("all GPUs to the grid line", lambda c: c.grid_only),
+                        ("all GPUs to the reasoning line", lambda c: c.reasoning_only),
+                        (f"the split, answers merged ({both.name})", lambda c: c.both)):
+        scores = sorted(value(c) for c in runs)
+        low, high = scores[int(0.05 * (len(scores) - 1))], scores[int(0.95 * (len(scores) - 1))]
+        print(f"{name}: forecast score {statistics.mean(scores):.2f} (5-95%: {low:.2f}-{high:.2f})")
     return 0
 
 

@@ -39,7 +39,7 @@ from submission.answers import AnswerFile, render_submission
 from submission.attempts import AttemptLog, AttemptRecord, read_log, repair_log
 from submission.config import Profile, ProfileError, load_profile, profile_to_toml
 from submission.engines.base import EngineDead
-from submission.grid import is_grid_profile
+from submission.grid import is_grid_profile, profile_line
 from submission.processes import become_subreaper, descendants, end_processes, leftovers
 from submission.prompt import render, task_text, tool_turn
 from submission.sandbox import Sandbox
@@ -368,6 +368,10 @@ def main(argv: list[str] | None = None, watchdog: bool = True) -> int:
     parser.add_argument("--scale-schedule", action="store_true",
                         help="scale the schedule's margins and caps to --deadline (a rehearsal in miniature)")
     args = parser.parse_args(argv)
+    if profile_line(args.profile) == "both":  # both lines, each on its share of the GPUs, one merged answer file
+        from submission.grid.both import run as run_both_lines
+
+        return run_both_lines(args)
     if is_grid_profile(args.profile):  # the grid line (SPEC section 10): its own workers, same answer file and log
         from submission.grid.main import run as run_grid_line
 

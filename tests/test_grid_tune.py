@@ -64,6 +64,24 @@ def test_loss_falls_resumes_and_merges(grid_model, arc_data, tmp_path, capsys):
     assert after < 0.9 * before, (before, after)  # measured: 2.79 -> 2.44 (random weights, 24 steps)
 
 
+def test_unsloth_backend_trains_an_adapter_the_merge_and_solver_load(grid_model, arc_data, tmp_path):
+    """In the unsloth environment only (make test runs it there): the same rows, the same LoRA shape through
+    unsloth; its adapter merges with plain PEFT and the loss falls as with the peft backend."""
+    pytest.importorskip("unsloth")
+    from submission.grid.model import load_model
+
+    out = tmp_path / "tune-unsloth"
+    main(["--model", str(grid_model), "--tasks", str(arc_data / "arc-agi-2" / "training"), "--max-tasks", "1",
+          "--out", str(out), "--steps", "24", "--checkpoint-every", "24", "--rank", "8", "--lr", "3e-3",
+          "--max-len", "2048", "--backend", "unsloth"])
+    assert len(json.loads((out / "losses.json").read_text())) == 24
+    main(["--model", str(grid_model), "--out", str(out), "--merge"])
+    merged = load_model(out / "merged", "float32")
+    rows = read_rows(out / "rows.jsonl")
+    before, after = _mean_loss(load_model(grid_model, "float32"), rows), _mean_loss(merged, rows)
+    assert after < 0.9 * before, (before, after)
+
+
 def _mean_loss(model, rows) -> float:
     with torch.no_grad():
         return sum(float(model(input_ids=torch.tensor([r.input_ids]), labels=torch.tensor([r.labels])).loss)

@@ -10,6 +10,7 @@ import pytest
 from sim.grid import logged_tasks, main, one_run
 from submission.attempts import AttemptLog, AttemptRecord
 from submission.grid.config import load_grid_profile
+from submission.grid.rescore import Candidate
 from submission.schedule import Level
 from submission.tasks import load_tasks
 
@@ -57,3 +58,58 @@ def test_command_line(tasks, tmp_path, capsys, arc_data):
                  "--hidden-tasks", "24", "--runs", "5"]) == 0
     out = capsys.readouterr().out
     assert "forecast score" in out and "answered by the deadline 24.0 of 24" in out and "ttt 800.0" in out
+
+
+def _both_logs(tasks):
+    """The grid line right on tasks 0, 2, 4 (2 hits), wrong elsewhere (1 hit); the reasoning line right on 1, 3, 5."""
+    grid, reasoning = [], []
+    for n, task in enumerate(tasks):
+        for index, label in enumerate(task.test_outputs):
+            answer = label if n % 2 == 0 else ((1,),)
+            detail = {"time_limit_s": 2000.0, "stage_s": {"ttt": 800.0, "search": 700.0, "rescore": 300.0},
+                      "candidates": [Candidate(answer, 2 if n % 2 == 0 else 1, 0.5).to_json()]}
+            grid.append(AttemptRecord(task.id, index, 1, Level.FIRST, 0, 0, grid=answer, grid_line=detail))
+            grid.append(AttemptRecord(task.id, index, 2, Level.SECOND, 0, 0, grid=answer, grid_line={"worker": 0}))
+            for attempt in (1, 2):
+                reasoning.append(AttemptRecord(task.id, index, attempt, Level(attempt - 1), 0, 56000, natural=True,
+                                               thinking_tokens=4000, answer_tokens=100, prompt_tokens=3000,
+                                               grid=label if n % 2 else ((2,),)))
+    return grid, tuple(reasoning)
+
+
+def test_the_split_merges_both_lines_on_the_same_drawn_tasks(tasks):
+    from sim.grid import Split, compare
+    from sim.serving import ServingModel
+    from submission.config import load_profile
+
+    grid_records, reasoning_records = _both_logs(tasks)
+    by_id = {t.id: t for t in tasks}
+    logged = logged_tasks(grid_records, by_id)
+    grid_all = load_grid_profile("grid-4b-4xL4")
+    grid_split = replace(grid_all, run=replace(grid_all.run, devices=("cuda:0", "cuda:1")))
+    serving = ServingModel(0.5, 0.0, 0.0, 0.0, 0.0, 4_000_000, 64, 16)  # every attempt runs within 12 h
+    split = Split(load_profile("dense-27b-4xL4").schedule, reasoning_records, serving, 0.5)
+    for seed in range(3):
+        c = compare(logged, grid_records, by_id, grid_all, grid_split, split, 24, random.Random(seed))
+        # the lines are right on complementary tasks of the same draw; merged, every task is right
+        assert c.grid_only + c.reasoning_only == pytest.approx(100.0)
+        assert 0 < c.grid_only < 100 and c.both == pytest.approx(100.0)
+    # a reasoning line left next to no GPU answers nothing: the split scores as the grid line alone
+    starved = compare(logged, grid_records, by_id, grid_all, grid_split, replace(split, share=0.01), 24,
+                      random.Random(0))
+    assert starved.both == pytest.approx(starved.grid_only)
+
+
+def test_command_line_compares_the_three_arrangements(tasks, tmp_path, capsys, arc_data):
+    grid_records, reasoning_records = _both_logs(tasks)
+    for name, records in (("grid.jsonl", grid_records), ("reasoning.jsonl", reasoning_records)):
+        log = AttemptLog(tmp_path / name)
+        for record in records:
+            log.append(record)
+        log.close()
+    assert main(["--log", str(tmp_path / "grid.jsonl"), "--tasks", str(arc_data / "arc-agi-2" / "evaluation"),
+                 "--reasoning-log", str(tmp_path / "reasoning.jsonl"), "--both", "both-4xL4",
+                 "--hidden-tasks", "12", "--runs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "6 tasks in both logs" in out and "reasoning line on 50% of the GPUs, the grid line on 2 workers" in out
+    assert "all GPUs to the grid line: forecast score" in out and "the split, answers merged (both-4xL4)" in out

@@ -2,7 +2,7 @@
 
     python -m training.grid_tune --model GRID_DIR --tasks DIR [--tasks DIR ...] [--in-sample-tasks DIR] --out DIR
                                  [--steps N] [--checkpoint-every N] [--session-steps N] [--max-len 8192]
-                                 [--rank 256] [--alpha 32] [--lr 5e-5] [--max-tasks N]
+                                 [--rank 256] [--alpha 32] [--lr 5e-5] [--max-tasks N] [--backend peft|unsloth]
     python -m training.grid_tune --model GRID_DIR --out DIR --merge
 
 Every labelled task (the study: ARC-AGI-1 training + evaluation, ARC-AGI-2 training) becomes 16 sequences: 8
@@ -16,7 +16,9 @@ layers in full); AdamW lr 5e-5 without weight decay, 5% warm-up, cosine over the
 one pass), batch 1, clip 1.0. Every `--checkpoint-every` steps the adapter, optimiser and step are saved; a second
 run with the same --out resumes there (`--session-steps` ends a session early, e.g. to fit a time-limited box).
 Progress on stderr, the loss curve as loss.png. `--merge` folds the adapter into the model (the grid model's rows
-are never patched: its <eos> must stay live).
+are never patched: its <eos> must stay live). `--backend unsloth` builds the same LoRA through unsloth (its kernels;
+the fast path on a GPU) in its own environment (`make unsloth-env`: it pins older transformers and trl); the adapter
+it saves is a PEFT adapter, so resuming, `--merge` and the solver are the same for both backends.
 """
 
 from __future__ import annotations
@@ -68,7 +70,25 @@ def build_rows(folders: list[Path], in_sample: list[Path], max_len: int, max_tas
     return rows
 
 
+def _unsloth_model(args: argparse.Namespace, device: str):
+    """The base model through unsloth, refused unless it has the grid vocabulary (as load_model refuses)."""
+    import torch
+    from unsloth import FastLanguageModel
+
+    from submission.grid.format import VOCAB
+
+    model, _ = FastLanguageModel.from_pretrained(model_name=str(args.model), max_seq_length=args.max_len,
+                                                 dtype=getattr(torch, args.dtype), load_in_4bit=False,
+                                                 use_gradient_checkpointing=False, device_map=device)
+    if model.config.vocab_size != VOCAB:
+        raise ValueError(f"{args.model}/config.json: vocab_size is {model.config.vocab_size}, the grid line needs "
+                         f"{VOCAB} (cut the checkpoint with python -m build.grid_vocab)")
+    return model
+
+
 def train(args: argparse.Namespace) -> list[float]:
+    if args.backend == "unsloth":
+        import unsloth  # noqa: F401 - unsloth patches transformers and must come first
     import torch
     from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -84,10 +104,17 @@ def train(args: argparse.Namespace) -> list[float]:
         raise ValueError(f"{rows_path}: no rows")
     torch.manual_seed(0)
     device = resolve_device(args.device)
-    model = load_model(args.model, args.dtype, device)
+    model = _unsloth_model(args, device) if args.backend == "unsloth" else load_model(args.model, args.dtype, device)
     checkpoint = out / "checkpoint"
     if (checkpoint / "state.pt").exists():
         model = PeftModel.from_pretrained(model, checkpoint, is_trainable=True)
+    elif args.backend == "unsloth":
+        from unsloth import FastLanguageModel
+
+        model = FastLanguageModel.get_peft_model(model, r=args.rank, lora_alpha=args.alpha, lora_dropout=0.0,
+                                                 target_modules=list(TARGETS), use_rslora=True,
+                                                 modules_to_save=["embed_tokens", "lm_head"],
+                                                 use_gradient_checkpointing=False, random_state=0)
     else:
         model = get_peft_model(model, LoraConfig(r=args.rank, lora_alpha=args.alpha, use_rslora=True,
                                                  lora_dropout=0.0, target_modules=list(TARGETS),
@@ -162,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", help="bfloat16 on a GPU")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--merge", action="store_true", help="merge out/adapter into the model: out/merged")
+    parser.add_argument("--backend", choices=("peft", "unsloth"), default="peft",
+                        help="unsloth: its own environment (make unsloth-env)")
     args = parser.parse_args(argv)
     if args.merge:
         print(merge(args.model, args.out))

@@ -13,10 +13,10 @@ Unknown sections and keys are refused with the file, section and key (submission
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from submission.config import ProfileError, _build
+from submission.config import ProfileError, _build, _toml_value
 from submission.grid import profile_path
 from submission.grid.ttt import TTTConfig
 
@@ -35,6 +35,7 @@ class SearchConfig:
     views_per_batch: int = 4
     batch_s: float = 540.0  # search time per batch of views, at most
     max_side: int = 30  # the grammar's bound on rows and columns
+    preload: bool = False  # prefill a batch's prompts in one model call (then the search runs view by view)
 
     def __post_init__(self) -> None:
         if not 0 < self.cutoff <= 1:
@@ -46,6 +47,11 @@ class RescoreConfig:
     views: int = 8
     share: float = 0.25  # of each test input's time, kept from the search for the rescoring
     seed: int = 0  # with the task id, seeds every view of the search, the rescoring and the training
+    batch: int = 1  # sequences (views x candidates) per model call; whole views per call; 1 = one at a time
+
+    def __post_init__(self) -> None:
+        if self.batch < 1:
+            raise ValueError(f"rescore.batch must be at least 1, got {self.batch}")
 
 
 @dataclass(frozen=True)
@@ -102,3 +108,12 @@ def load_grid_profile(name_or_path: str | Path) -> GridProfile:
         raise ProfileError(f"{path}: line: not a grid-line profile (needs line = \"grid\")")
     raw.setdefault("name", path.stem)
     return _build(GridProfile, raw, str(path))
+
+
+def grid_profile_to_toml(profile: GridProfile) -> str:
+    """The profile as TOML, every value (a run's copy; the combined run hands its grid line one)."""
+    lines = [f"name = {_toml_value(profile.name)}", f"line = {_toml_value(profile.line)}"]
+    for section in ("model", "ttt", "search", "rescore", "run"):
+        lines.append(f"\n[{section}]")
+        lines += [f"{key} = {_toml_value(value)}" for key, value in asdict(getattr(profile, section)).items()]
+    return "\n".join(lines) + "\n"

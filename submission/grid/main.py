@@ -1,12 +1,14 @@
 """The grid line's solver: workers on a shared queue, answers rewritten after every task (SPEC section 10).
 
     python -m submission.grid.main --tasks PATH --out submission.json --profile grid-tiny [--model DIR]
-                                   [--deadline SECONDS] [--log attempts.jsonl] [--solutions PATH] [--max-tasks N]
+                                   [--deadline SECONDS] [--log attempts.jsonl] [--resume] [--solutions PATH]
+                                   [--max-tasks N]
 
 `python -m submission.main` with a grid-line profile (one with `line = "grid"`) runs this too. The answer file
 exists, complete, before any work starts; the log gets two records per test input (attempt 1 carries every
 candidate with its hits, NLL and score). A watchdog (the reasoning line's) ends the process before the deadline
-whatever the workers do. Not yet: --resume (a killed run starts over).
+whatever the workers do. An existing log is refused unless `--resume`, which continues from it: tasks whose records
+are all in the log are restored (answers included), never redone; the others are queued again.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="grid checkpoint folder (build.grid_vocab's output)")
     p.add_argument("--deadline", type=float, help="time limit in seconds from now")
     p.add_argument("--log", type=Path, help="attempt log (JSONL) to append to")
+    p.add_argument("--resume", action="store_true", help="continue from --log without redoing finished tasks")
     p.add_argument("--solutions", type=Path, help="labels, to print the score at the end")
     p.add_argument("--max-tasks", type=int, help="only the first N tasks by id (demos)")
     return p
@@ -42,9 +45,6 @@ def run(args: argparse.Namespace) -> int:
     from submission.grid.workers import Coordinator
     from submission.main import start_watchdog
 
-    if getattr(args, "resume", False):
-        print("error: the grid line cannot --resume yet", file=sys.stderr)
-        return 2
     try:
         profile: GridProfile = load_grid_profile(args.profile)
         if args.model:
@@ -60,17 +60,21 @@ def run(args: argparse.Namespace) -> int:
     if not profile.model.path:
         print(f"error: profile {profile.name}: model.path is empty; pass --model DIR", file=sys.stderr)
         return 2
+    if args.log and args.log.exists() and args.log.stat().st_size and not args.resume:
+        print(f"error: --log {args.log} already holds records of an earlier run: pass --resume to continue it, or "
+              "choose another --log", file=sys.stderr)
+        return 2
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "DO_NOT_TRACK"):
         os.environ.setdefault(name, "1")
     start_watchdog(profile.run.time_limit_s, profile.run.hard_stop)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for error in tasks.errors:
         print(f"skipped (answered [[0]]): {error}", file=sys.stderr)
-    coordinator = Coordinator(profile, tasks, args.out, args.log)
+    coordinator = Coordinator(profile, tasks, args.out, args.log, resume=args.resume)
     stats = coordinator.run()
     answered = sum(1 for pair in coordinator.answers.answers.values() if pair[0] != ((0,),))
-    print(f"tasks done: {len(stats.done)} of {len(tasks.tasks)}; failed: {len(stats.failed)}; "
-          f"workers lost: {len(stats.lost)}; test inputs with an answer: {answered} of "
+    print(f"tasks done: {len(stats.done)} of {len(tasks.tasks)} (restored: {len(stats.restored)}); "
+          f"failed: {len(stats.failed)}; workers lost: {len(stats.lost)}; test inputs with an answer: {answered} of "
           f"{sum(tasks.test_counts().values())}; time used: {coordinator.clock():.0f} s")
     labels = {t.id: t.test_outputs for t in tasks.tasks if t.test_outputs is not None}
     if labels:

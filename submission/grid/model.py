@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from submission.grid.format import VOCAB
+from submission.grid.format import PAD, VOCAB
 
 
 def load_model(model_dir: str | Path, dtype: str = "bfloat16", device: str = "cpu"):
@@ -27,13 +27,39 @@ def load_model(model_dir: str | Path, dtype: str = "bfloat16", device: str = "cp
 
 
 class HFStepper:
-    """`dfs.Stepper` over a transformers causal LM: one DynamicCache, extended per token and cropped on return."""
+    """`dfs.Stepper` over a transformers causal LM: one DynamicCache, extended per token and cropped on return.
+
+    `preload(prompts)` prefills several prompts (the views of one search batch) in one model call, right-padded and
+    masked, and keeps each prompt's own slice of the cache; a later `prefill` of one of them starts from its slice
+    instead of running the prompt again. With right padding every real position sees only its own prompt, so a slice
+    is that prompt's cache up to float rounding."""
 
     def __init__(self, model):
         self.model = model
         self.device = next(model.parameters()).device
         self.cache = None
         self._length = 0
+        self._preloaded: dict[tuple[int, ...], tuple[list, np.ndarray]] = {}
+
+    @torch.no_grad()
+    def preload(self, prompts: Sequence[Sequence[int]]) -> None:
+        from transformers import DynamicCache
+
+        width = max(len(ids) for ids in prompts)
+        x = torch.full((len(prompts), width), PAD, device=self.device)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long, device=self.device)
+        for row, ids in enumerate(prompts):
+            x[row, :len(ids)] = torch.tensor(list(ids), device=self.device)
+            mask[row, :len(ids)] = 1
+        self.forget()
+        cache = DynamicCache(config=self.model.config)
+        logits = self.model(input_ids=x, attention_mask=mask, past_key_values=cache, use_cache=True).logits
+        for row, ids in enumerate(prompts):
+            n = len(ids)
+            layers = [(layer.keys[row:row + 1, :, :n].clone(), layer.values[row:row + 1, :, :n].clone())
+                      for layer in cache.layers]
+            logp = torch.log_softmax(logits[row, n - 1].float(), -1).cpu().numpy()
+            self._preloaded[tuple(ids)] = (layers, logp)
 
     @property
     def length(self) -> int:
@@ -50,9 +76,20 @@ class HFStepper:
         self._length += len(ids)
         return torch.log_softmax(out.logits[0, -1].float(), -1).cpu().numpy()
 
+    def forget(self) -> None:
+        """Drop the preloaded caches not used (a deadline cut their batch short): their memory is freed."""
+        self._preloaded.clear()
+
     def prefill(self, ids: Sequence[int]) -> np.ndarray:
-        self.cache, self._length = None, 0
-        return self._run(ids)
+        from transformers import DynamicCache
+
+        loaded = self._preloaded.pop(tuple(ids), None)
+        if loaded is None:
+            self.cache, self._length = None, 0
+            return self._run(ids)
+        layers, logp = loaded
+        self.cache, self._length = DynamicCache(layers, config=self.model.config), len(ids)
+        return logp
 
     def push(self, token: int) -> np.ndarray:
         return self._run([token])
@@ -65,10 +102,21 @@ class HFStepper:
 
 
 @torch.no_grad()
-def answer_nll(model, ids: Sequence[int], answer_len: int) -> float:
-    """Negative log-likelihood (nats, float32 sum) of the last `answer_len` tokens of `ids` given the rest."""
+def answer_nlls(model, items: Sequence[tuple[Sequence[int], int]]) -> list[float]:
+    """Per item (token ids, answer length): the negative log-likelihood (nats, float32 sum) of the last `answer
+    length` tokens given the rest; all items in one forward pass, right-padded with <pad> and masked (a padded
+    position is never attended to and never scored, so each result is its unbatched value up to float rounding)."""
     device = next(model.parameters()).device
-    x = torch.tensor([list(ids)], device=device)
-    logp = torch.log_softmax(model(input_ids=x).logits[0, -answer_len - 1:-1].float(), -1)
-    target = x[0, -answer_len:]
-    return float(-logp.gather(1, target[:, None]).sum())
+    width = max(len(ids) for ids, _ in items)
+    x = torch.full((len(items), width), PAD, device=device)
+    mask = torch.zeros((len(items), width), dtype=torch.long, device=device)
+    for row, (ids, _) in enumerate(items):
+        x[row, :len(ids)] = torch.tensor(list(ids), device=device)
+        mask[row, :len(ids)] = 1
+    logits = model(input_ids=x, attention_mask=mask, use_cache=False).logits
+    out = []
+    for row, (ids, answer_len) in enumerate(items):
+        logp = torch.log_softmax(logits[row, len(ids) - answer_len - 1:len(ids) - 1].float(), -1)
+        target = x[row, len(ids) - answer_len:len(ids)]
+        out.append(float(-logp.gather(1, target[:, None]).sum()))
+    return out

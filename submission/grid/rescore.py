@@ -72,30 +72,41 @@ def rescoring_views(task: Task, count: int = 8, seed: int = 0) -> list[View]:
     return views
 
 
-NLL = Callable[[Sequence[int], int], float]  # (token ids, answer length) -> summed NLL of the last tokens
+# [(token ids, answer length), ...] -> the summed NLL of each item's last tokens: one model call for them all
+NLLs = Callable[[Sequence[tuple[Sequence[int], int]]], Sequence[float]]
 
 
-def rescore(task: Task, test_index: int, hits: dict[Grid, int], views: Sequence[View], nll: NLL,
-            max_len: int, deadline: float = math.inf, clock: Callable[[], float] = lambda: 0.0) -> list[Candidate]:
-    """Each found grid with its hits and its mean NLL under `views`, best first. View by view, all candidates at
-    once: at the deadline the views finished so far are the mean for every candidate alike (none: nll 0)."""
+def rescore(task: Task, test_index: int, hits: dict[Grid, int], views: Sequence[View], nlls: NLLs,
+            max_len: int, deadline: float = math.inf, clock: Callable[[], float] = lambda: 0.0,
+            batch: int = 1) -> list[Candidate]:
+    """Each found grid with its hits and its mean NLL under `views`, best first. Whole views at a time, every
+    candidate in each: as many views per model call as `batch` sequences hold (at least one view; batch 1 = one
+    sequence per call). The deadline is checked before each call; at the deadline the views finished so far are
+    the mean for every candidate alike (none: nll 0)."""
     grids = list(hits)
+    if not grids:
+        return []
     totals = np.zeros(len(grids), np.float32)
     done = 0
-    for view in views:
-        shown = view.apply(task)
-        scores = np.zeros(len(grids), np.float32)
-        for i, grid in enumerate(grids):
+    per_call = max(1, batch // max(len(grids), 1))
+    for first in range(0, len(views), per_call):
+        items = []
+        for view in views[first:first + per_call]:
+            shown = view.apply(task)
+            for grid in grids:
+                answer = view.apply_grid(grid)
+                encoded = encode(shown.train, shown.test_inputs[test_index], answer, max_len)
+                items.append((encoded.ids, len(grid_ids(answer)) + 1))
+        scores = []
+        for start in range(0, len(items), max(batch, 1)):
             if clock() >= deadline:
-                break
-            answer = view.apply_grid(grid)
-            encoded = encode(shown.train, shown.test_inputs[test_index], answer, max_len)
-            scores[i] = np.float32(nll(encoded.ids, len(grid_ids(answer)) + 1))
-        else:
-            totals += scores
+                break  # the deadline cut these views short: they do not count
+            scores += [np.float32(v) for v in nlls(items[start:start + max(batch, 1)])]
+        if len(scores) < len(items):
+            break
+        for view_scores in np.array(scores, np.float32).reshape(-1, len(grids)):
+            totals += view_scores
             done += 1
-            continue
-        break  # the deadline cut this view short: it does not count
     return rank([Candidate(g, hits[g], float(t / np.float32(max(done, 1)))) for g, t in zip(grids, totals)])
 
 

@@ -2,7 +2,8 @@
 
 The task's time limit is split as the study did: training takes at most `ttt.share` of it; the rest goes to the
 test inputs in equal parts. Each part is searched (all but its `rescore.share`) in batches of views
-(`search.views_per_batch`, at most `search.batch_s` each) and then rescored. At a deadline the search stops where it
+(`search.views_per_batch`, at most `search.batch_s` each; with `search.preload` a batch's prompts are prefilled in
+one model call, then searched one view after the other) and then rescored. At a deadline the search stops where it
 is and the rescoring keeps the views it finished (none: nll 0, ranked by hits); every loop checks its deadline
 before each model call, so a task overruns its limit by at most one forward pass.
 
@@ -40,7 +41,7 @@ class TaskOutcome:
 
 def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int, time_limit: float,
                clock: Callable[[], float] = time.monotonic) -> TaskOutcome:
-    from submission.grid.model import HFStepper, answer_nll  # torch: only in the worker processes
+    from submission.grid.model import HFStepper, answer_nlls  # torch: only in the worker processes
 
     start = clock()
     deadline = start + time_limit
@@ -62,18 +63,22 @@ def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int,
         size = max(profile.search.views_per_batch, 1)
         for first in range(0, len(views), size):
             batch_deadline = min(clock() + profile.search.batch_s, search_deadline)
-            for view in views[first:first + size]:
+            batch = views[first:first + size]
+            prompts = [encode(shown.train, shown.test_inputs[index], max_len=prompt_len).ids
+                       for shown in (view.apply(task) for view in batch)]
+            if profile.search.preload and clock() < search_deadline:
+                stepper.preload(prompts)  # the batch's prompts in one model call
+            for view, prompt in zip(batch, prompts):
                 if clock() >= search_deadline:
                     complete = False
                     break
-                shown = view.apply(task)
-                prompt = encode(shown.train, shown.test_inputs[index], max_len=prompt_len).ids
                 result = search(stepper, prompt, profile.search.cutoff, profile.search.max_side, batch_deadline,
                                 clock)
                 steps += result.steps
                 complete &= result.complete
                 for found in result.found:  # the grammar admits only grids: decoding cannot fail
                     hits[view.invert_grid(decode_grid(found.tokens))] += 1
+        stepper.forget()
         if not hits and clock() < input_deadline:  # nothing cleared the cut-off anywhere: the greedy answer
             prompt = encode(task.train, task.test_inputs[index], max_len=prompt_len).ids
             fallback = greedy(stepper, prompt, profile.search.max_side, input_deadline, clock)
@@ -82,8 +87,8 @@ def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int,
         t1 = clock()
         stage["search"] += t1 - t0
         views = rescoring_views(task, profile.rescore.views, seed)
-        candidates = rescore(task, index, dict(hits), views, lambda ids, n: answer_nll(model, ids, n), max_len,
-                             input_deadline, clock)
+        candidates = rescore(task, index, dict(hits), views, lambda items: answer_nlls(model, items), max_len,
+                             input_deadline, clock, profile.rescore.batch)
         stage["rescore"] += clock() - t1
         out.append(tuple(rank(candidates)))
     return TaskOutcome(task.id, tuple(out), dict(stage), report.steps, report.planned, report.losses, steps,

@@ -4,11 +4,16 @@ Each worker loads the grid model once, wraps it with the task adapter once, and 
 (`solve.solve_task`), reporting `started` / `done` / `failed` on its own report pipe. One pipe per worker, not one
 shared queue: a worker killed in the middle of a report (SIGKILL, the OOM killer) leaves a shared queue's write lock
 held for ever and every other worker's reports stuck behind it; a private pipe only loses its own, half-written,
-message, which reads as end of file. The coordinator is the only writer: it appends each task's records to the attempt log and rewrites the answer file atomically after every
-task. It watches the workers: a process that dies (killed, out of memory) or overruns its task's limit by more than
-`GRACE_S` is retired and its task goes back to the front of the queue for another worker (once); a worker that
-fails `run.max_failures` tasks in a row is told to exit. A worker whose coordinator is gone exits when idle. No task
-starts after `run.stop_new`; at the hard stop every worker is terminated and the answers so far stand.
+message, which reads as end of file. The coordinator is the only writer: it appends each task's records to the
+attempt log and rewrites the answer file atomically after every task. It watches the workers: a process that dies
+(killed, out of memory) or overruns its task's limit by more than `GRACE_S` is retired and its task goes back to the
+front of the queue for another worker (once); a worker that fails `run.max_failures` tasks in a row is told to exit.
+A worker whose coordinator is gone exits when idle. No task starts after `run.stop_new`; at the hard stop every
+worker is terminated and the answers so far stand.
+
+`resume`: a run restarted with the log of a killed one restores every task whose records (attempts 1 and 2 of every
+test input) are all in the log, answers included, and queues only the others. A task killed while its records were
+being written is redone; its earlier, partial records stay in the log (readers take a task's last records).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from submission.answers import AnswerFile
-from submission.attempts import AttemptLog, AttemptRecord
+from submission.attempts import AttemptLog, AttemptRecord, read_log, repair_log
 from submission.grid.config import GridProfile
 from submission.grid.queue import TaskQueue, task_cost
 from submission.grid.rescore import choose
@@ -118,6 +123,7 @@ class RunStats:
     failed: list[tuple[str, str]] = field(default_factory=list)
     lost: list[tuple[int, str | None]] = field(default_factory=list)  # (worker, its task) of dead workers
     by_worker: dict[str, int] = field(default_factory=dict)  # task id -> the worker that finished it
+    restored: list[str] = field(default_factory=list)  # tasks finished by an earlier run of the same log
 
 
 class Coordinator:
@@ -126,20 +132,47 @@ class Coordinator:
 
     def __init__(self, profile: GridProfile, tasks: TaskSet, out: str | Path, log: str | Path | None = None,
                  clock: Callable[[], float] | None = None, on_event: Callable | None = None,
-                 worker: Callable = worker_main):
+                 worker: Callable = worker_main, resume: bool = False):
         self.profile, self.tasks, self.on_event, self.worker = profile, tasks, on_event, worker
         self.by_id: dict[str, Task] = {t.id: t for t in tasks.tasks}
         self.answers = AnswerFile(out, tasks.test_counts())
+        self.stats = RunStats()
+        if resume and log and Path(log).exists():
+            self.restore(Path(log))
         self.log = AttemptLog(log) if log else None
         start = time.monotonic()
         self.clock = clock or (lambda: time.monotonic() - start)
         run = profile.run
-        self.queue = TaskQueue({t.id: task_cost(t) for t in tasks.tasks}, run.min_task_s, run.max_task_s,
-                               run.max_failures)
-        self.stats = RunStats()
+        restored = set(self.stats.restored)
+        self.queue = TaskQueue({t.id: task_cost(t) for t in tasks.tasks if t.id not in restored}, run.min_task_s,
+                               run.max_task_s, run.max_failures)
+
+    def restore(self, log: Path) -> None:
+        """The tasks an earlier run of this log finished: their answers into the answer file, their ids into
+        `stats.restored` (the queue leaves them out). A torn last line is cut first (appending after it would
+        swallow the next record)."""
+        repaired = repair_log(log)
+        if repaired:
+            print(f"attempt log: {repaired}", file=sys.stderr)
+        got: dict[str, dict[tuple[int, int], AttemptRecord]] = {}
+        for record in read_log(log):
+            if record.task_id in self.by_id:
+                got.setdefault(record.task_id, {})[(record.test_index, record.attempt)] = record
+        for task_id, slots in sorted(got.items()):
+            inputs = range(len(self.by_id[task_id].test_inputs))
+            if all((i, a) in slots for i in inputs for a in (1, 2)):
+                for i in inputs:
+                    first, second = slots[(i, 1)].grid, slots[(i, 2)].grid
+                    self.answers.set(task_id, i, (first or EMPTY_ANSWER, second or EMPTY_ANSWER))
+                self.stats.restored.append(task_id)
+        self.answers.write()
 
     def run(self) -> RunStats:
         run = self.profile.run
+        if not self.queue.pending:  # everything restored: no worker needs to load the model
+            if self.log is not None:
+                self.log.close()
+            return self.stats
         context = mp.get_context("spawn")
         inboxes = [context.Queue() for _ in run.devices]
         pipes = [context.Pipe(duplex=False) for _ in run.devices]

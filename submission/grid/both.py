@@ -1,0 +1,231 @@
+"""Both lines in one run (issue 18, item 8): some GPUs to the reasoning line, the others to the grid line, one answer
+file chosen from both by `submission.grid.merge`.
+
+    python -m submission.grid.both --tasks PATH --out submission.json --profile both-4xL4 [--deadline SECONDS]
+                                   [--reasoning-model DIR] [--grid-model DIR] [--reasoning-python PATH]
+                                   [--grid-python PATH] [--resume] [--solutions PATH] [--max-tasks N]
+
+`python -m submission.main --profile both-4xL4` runs this too (with the profile's models and this interpreter;
+the interpreters are options because on CPU the lines live in different environments, vLLM's and PEFT's). A combined
+profile (`line = "both"`, e.g. profiles/both-4xL4.toml) names each line's own profile and gives each its share of the
+machine: the reasoning line's engine sees only `reasoning.devices` (CUDA_VISIBLE_DEVICES; tensor parallelism
+`reasoning.tensor_parallel_size`), the grid line's workers run on `grid.workers` among the GPUs `grid.devices` makes
+visible. Each line runs as it does alone, in its own process (its own watchdog, deadline, log and answer file under
+OUT_DIR/reasoning and OUT_DIR/grid, `--resume` passed on); this process is the one writer of `--out`: it re-reads
+both logs whenever one grows (every `poll_s`) and rewrites the merged answers, atomically, so the answer file is
+complete and valid throughout. The lines' time limit is MERGE_S short of the run's, so their shutdowns end before the
+last merge. A line that fails leaves the other's answers standing; a folder with an earlier run's logs is refused
+unless `--resume`. Off by default: only a `line = "both"` profile runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from submission.answers import AnswerFile, render_submission
+from submission.attempts import read_log
+from submission.config import ProfileError, _build, load_profile, profile_to_toml
+from submission.grid import profile_path
+from submission.grid.config import grid_profile_to_toml, load_grid_profile
+from submission.grid.merge import merge_logs
+from submission.score import score
+from submission.tasks import LoadError, load_tasks
+
+REPO = Path(__file__).resolve().parents[2]
+MERGE_S = 15.0  # the lines' time limit is this much shorter than the run's: room for their shutdown and the merge
+
+
+@dataclass(frozen=True)
+class ReasoningShare:
+    profile: str = "dense-27b-4xL4"  # the reasoning line's own profile (name or path)
+    model: str = ""  # overrides engine.model
+    devices: str = ""  # CUDA_VISIBLE_DEVICES of its process ("" = as inherited)
+    tensor_parallel_size: int = 0  # 0 = the profile's own
+
+
+@dataclass(frozen=True)
+class GridShare:
+    profile: str = "grid-4b-4xL4"
+    model: str = ""  # overrides model.path
+    devices: str = ""  # CUDA_VISIBLE_DEVICES of its process ("" = as inherited)
+    workers: tuple[str, ...] = ()  # overrides run.devices (one worker each); () = the profile's own
+    max_len: tuple[int, ...] = ()  # overrides run.max_len; () = the profile's own
+
+
+@dataclass(frozen=True)
+class BothProfile:
+    name: str = "both"
+    line: str = "both"
+    time_limit_s: float = 12 * 3600  # both lines get it (--deadline overrides); each keeps its own margins
+    poll_s: float = 2.0  # how often the logs are looked at
+    reasoning: ReasoningShare = field(default_factory=ReasoningShare)
+    grid: GridShare = field(default_factory=GridShare)
+
+
+def load_both_profile(name_or_path: str | Path) -> BothProfile:
+    path = profile_path(name_or_path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as err:
+        raise ProfileError(f"{path}: cannot read ({err.strerror})") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ProfileError(f"{path}: not valid TOML: {err}") from None
+    if raw.get("line") != "both":
+        raise ProfileError(f"{path}: line: not a combined profile (needs line = \"both\")")
+    raw.setdefault("name", path.stem)
+    return _build(BothProfile, raw, str(path))
+
+
+def line_profiles(both: BothProfile, time_limit_s: float) -> tuple[str, str]:
+    """The two lines' profiles as TOML, with their shares of the machine and the run's time limit applied."""
+    reasoning = load_profile(both.reasoning.profile)
+    engine = reasoning.engine
+    if both.reasoning.model:
+        engine = replace(engine, model=both.reasoning.model)
+    if both.reasoning.tensor_parallel_size:
+        engine = replace(engine, tensor_parallel_size=both.reasoning.tensor_parallel_size)
+    reasoning = replace(reasoning, name=f"{both.name}-reasoning", engine=engine,
+                        schedule=replace(reasoning.schedule, time_limit_s=time_limit_s))
+    grid = load_grid_profile(both.grid.profile)
+    run = replace(grid.run, time_limit_s=time_limit_s)
+    if both.grid.workers:
+        run = replace(run, devices=both.grid.workers)
+    if both.grid.max_len:
+        run = replace(run, max_len=both.grid.max_len)
+    model = replace(grid.model, path=both.grid.model) if both.grid.model else grid.model
+    grid = replace(grid, name=f"{both.name}-grid", model=model, run=run)
+    return profile_to_toml(reasoning), grid_profile_to_toml(grid)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m submission.grid.both", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", required=True, type=Path, help="task directory, task file or Kaggle challenges")
+    p.add_argument("--out", required=True, type=Path, help="the merged answer file (submission.json)")
+    p.add_argument("--profile", default="both-tiny", help="combined profile name or TOML path (line = \"both\")")
+    p.add_argument("--deadline", type=float, help="time limit in seconds from now")
+    p.add_argument("--reasoning-model", help="overrides reasoning.model")
+    p.add_argument("--grid-model", help="overrides grid.model")
+    p.add_argument("--reasoning-python", default=sys.executable, help="the reasoning line's interpreter")
+    p.add_argument("--grid-python", default=sys.executable, help="the grid line's interpreter")
+    p.add_argument("--resume", action="store_true", help="each line continues from its log")
+    p.add_argument("--solutions", type=Path, help="labels, to print the scores at the end")
+    p.add_argument("--max-tasks", type=int, help="only the first N tasks by id (demos)")
+    return p
+
+
+def line_command(module: str, python: str, args: argparse.Namespace, folder: Path, deadline: float) -> list[str]:
+    cmd = [python, "-m", module, "--tasks", str(args.tasks), "--out", str(folder / "submission.json"),
+           "--profile", str(folder / "line-profile.toml"), "--log", str(folder / "attempts.jsonl"),
+           "--deadline", f"{deadline:.1f}"]
+    if args.max_tasks:
+        cmd += ["--max-tasks", str(args.max_tasks)]
+    if args.resume:
+        cmd.append("--resume")
+    return cmd
+
+
+def run(args: argparse.Namespace) -> int:
+    """The run for parsed arguments (shared with submission.main, whose other flags must be unset)."""
+    from submission.main import start_watchdog
+
+    started = time.monotonic()
+    if getattr(args, "model", None) or getattr(args, "log", None):
+        print("error: a combined run takes each line's model from its profile (or --reasoning-model, --grid-model) "
+              "and writes its logs under the answer file's folder (no --model, no --log)", file=sys.stderr)
+        return 2
+    try:
+        both = load_both_profile(args.profile)
+        if getattr(args, "reasoning_model", None):
+            both = replace(both, reasoning=replace(both.reasoning, model=args.reasoning_model))
+        if getattr(args, "grid_model", None):
+            both = replace(both, grid=replace(both.grid, model=args.grid_model))
+        limit = args.deadline or both.time_limit_s
+        reasoning_toml, grid_toml = line_profiles(both, limit)
+        tasks = load_tasks(args.tasks, args.solutions)
+        if args.max_tasks:
+            tasks = tasks.first(args.max_tasks)
+    except (ProfileError, LoadError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    root = args.out.parent
+    earlier = [root / n / "attempts.jsonl" for n in ("reasoning", "grid")]
+    if not args.resume and any(log.exists() and log.stat().st_size for log in earlier):
+        print(f"error: {root} holds the logs of an earlier run: pass --resume to continue it, or choose another "
+              "--out folder", file=sys.stderr)
+        return 2
+    stop_watchdog = start_watchdog(limit, limit - 4.0)  # the lines end MERGE_S earlier (module doc)
+    root.mkdir(parents=True, exist_ok=True)
+    answers = AnswerFile(args.out, tasks.test_counts())
+    lines = {}
+    pythons = {"reasoning": getattr(args, "reasoning_python", sys.executable),
+               "grid": getattr(args, "grid_python", sys.executable)}
+    for name, module, toml, share in (("reasoning", "submission.main", reasoning_toml, both.reasoning),
+                                      ("grid", "submission.grid.main", grid_toml, both.grid)):
+        folder = root / name
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "line-profile.toml").write_text(toml)
+        env = dict(os.environ)
+        if share.devices:
+            env["CUDA_VISIBLE_DEVICES"] = share.devices
+        cmd = line_command(module, pythons[name], args, folder, limit - MERGE_S - (time.monotonic() - started))
+        lines[name] = (folder / "attempts.jsonl", subprocess.Popen(cmd, cwd=REPO, env=env))
+    sizes: dict[str, int] = {}
+    try:
+        while True:
+            running = any(process.poll() is None for _, process in lines.values())
+            grown = {name: log.stat().st_size for name, (log, _) in lines.items() if log.exists()}
+            if grown != sizes:  # read after the poll: once both lines have exited, their logs are read whole
+                sizes = grown
+                merged = merge_logs(tasks.test_counts(), *(read_log(lines[n][0]) if n in grown else []
+                                                           for n in ("reasoning", "grid")))
+                if any([answers.set(task_id, index, pair) for (task_id, index), pair in merged.items()]):
+                    answers.write()
+            if not running:
+                break
+            time.sleep(both.poll_s)
+    finally:
+        for name, (_, process) in lines.items():
+            if process.poll() is None:
+                process.terminate()
+        for name, (_, process) in lines.items():
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        stop_watchdog()
+    codes = {name: process.returncode for name, (_, process) in lines.items()}
+    print(f"combined run ({both.name}): reasoning line exit {codes['reasoning']}, grid line exit {codes['grid']}; "
+          f"time used: {time.monotonic() - started:.0f} s")
+    labels = {t.id: t.test_outputs for t in tasks.tasks if t.test_outputs is not None}
+    if labels:
+        for name, path in (("reasoning line", root / "reasoning" / "submission.json"),
+                           ("grid line", root / "grid" / "submission.json"), ("both", args.out)):
+            report = score(load_answers(path, answers.test_counts), labels)
+            print(f"score ({name}): task-weighted {report.task_weighted:.2f}, "
+                  f"input-weighted {report.input_weighted:.2f}")
+    return 0 if all(code == 0 for code in codes.values()) else 1
+
+
+def load_answers(path: Path, test_counts: dict[str, int]) -> dict:
+    """An answer file as written (a line that never wrote one: every slot [[0]])."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return render_submission(test_counts, {})
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Both lines in one run (issue 18, item 8): the merge rule, and a combined run on CPU (the reasoning line on the
+replay engine, the grid line on one worker with a tiny 16-token model) whose answer file is the merge of both logs."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from submission.attempts import AttemptRecord, read_log
+from submission.grid.merge import merge_logs, merged_answers, merged_order
+from submission.grid.rescore import Candidate as GridCandidate
+from submission.grids import EMPTY_ANSWER
+from submission.schedule import Level
+from submission.selection import Candidate, Source
+
+REPO = Path(__file__).resolve().parents[1]
+A, B, C, D, E, F = (((i,),) for i in range(1, 7))
+
+
+def test_tiers_programs_then_grid_search_then_reasoning_grids_then_fallback():
+    reasoning = [Candidate(C, Source.GRID, 1), Candidate(C, Source.GRID, 2), Candidate(D, Source.GRID, 3),
+                 Candidate(A, Source.PROGRAM, 3)]
+    grid_line = [GridCandidate(B, 2, 1.5), GridCandidate(E, 1, 0.2), GridCandidate(F, 0, 0.1)]
+    # a program output first even against a grid with two votes; the grid line's found grids by hits - NLL
+    # (E: 0.8 before B: 0.5); then the reasoning grids by votes; the 0-hit fallback last
+    assert merged_order(reasoning, grid_line) == [A, E, B, C, D, F]
+    assert merged_answers(reasoning, grid_line) == (A, E)
+
+
+def test_a_grid_both_lines_propose_counts_once_in_its_best_tier():
+    reasoning = [Candidate(B, Source.GRID, 1)]
+    assert merged_order(reasoning, [GridCandidate(B, 1, 3.0), GridCandidate(A, 0, 0.0)]) == [B, A]
+    assert merged_answers(reasoning, [GridCandidate(B, 0, 3.0)]) == (B, EMPTY_ANSWER)
+    assert merged_answers([], []) == (EMPTY_ANSWER, EMPTY_ANSWER)
+
+
+def test_merge_logs_takes_each_lines_records_and_a_redone_tasks_last_candidates():
+    reasoning = [AttemptRecord("t", 0, 1, Level.FIRST, 0, 100, grid=C),
+                 AttemptRecord("other", 0, 1, Level.FIRST, 0, 100, grid=C)]  # not in this run's tasks
+    grid_line = [AttemptRecord("t", 1, 1, Level.FIRST, 0, 0, grid=A,
+                               grid_line={"candidates": [GridCandidate(A, 1, 0.5).to_json()]}),
+                 AttemptRecord("t", 1, 1, Level.FIRST, 0, 0, grid=B,  # the task redone after a kill
+                               grid_line={"candidates": [GridCandidate(B, 0, 0.5).to_json()]}),
+                 AttemptRecord("t", 1, 2, Level.SECOND, 0, 0, grid=B, grid_line={"worker": 0})]
+    assert merge_logs({"t": 2}, reasoning, grid_line) == {("t", 0): (C, EMPTY_ANSWER), ("t", 1): (B, EMPTY_ANSWER)}
+
+
+REPLAY = """
+[engine]
+kind = "replay"
+model = "{log}"
+replay_time_scale = 0.0
+
+[schedule]
+time_limit_s = 600.0
+hard_stop_margin_s = 5.0
+stop_new_margin_s = 10.0
+rate_tok_s = 1000.0
+cap_margin_s = 1.0
+cap_margin_tokens = 10
+min_cap = 100
+cap_first_single = 4000
+cap_first_multi = 3000
+cap_second = 2000
+repair_caps = [1500, 1000]
+cap_extra = 1000
+promote_below_thinking = 1000
+repair_min_left_s = 1.0
+extra_min_left_s = 1.0
+max_in_flight = 3
+"""
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_combined_run_writes_the_merge_of_both_lines(arc_data, tmp_path):
+    pytest.importorskip("peft")
+    from dataclasses import replace
+
+    from build.grid_vocab import cut
+    from build.tiny import make_checkpoint
+    from submission.grid.config import grid_profile_to_toml, load_grid_profile
+    from submission.grid.queue import task_cost
+    from submission.tasks import load_tasks
+
+    # the two cheapest evaluation tasks, in a folder of their own (the run takes a folder's tasks by id)
+    evaluation = tmp_path / "tasks"
+    evaluation.mkdir()
+    tasks = sorted(load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks, key=task_cost)[:2]
+    for task in tasks:
+        shutil.copy(arc_data / "arc-agi-2" / "evaluation" / f"{task.id}.json", evaluation)
+    # the reasoning line's earlier run: the right grid twice for the first task's inputs, wrong 1x1 grids elsewhere
+    rng, logged = random.Random(0), []
+    for task in tasks:
+        for index, label in enumerate(task.test_outputs):
+            for attempt in (1, 2):
+                grid = label if task is tasks[0] else ((rng.randrange(10),),)
+                logged.append(AttemptRecord(task.id, index, attempt, Level(attempt - 1), 0, 4000, natural=True,
+                                            thinking_tokens=200, answer_tokens=50, grid=grid))
+    (tmp_path / "earlier.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in logged))
+    (tmp_path / "replay.toml").write_text(REPLAY.format(log=tmp_path / "earlier.jsonl"))
+    grid_model = cut(make_checkpoint(tmp_path / "base", "qwen3", seed=4), tmp_path / "grid-model")
+    grid = load_grid_profile("grid-tiny")
+    grid = replace(grid, ttt=replace(grid.ttt, sequences=2),
+                   search=replace(grid.search, dihedrals=1, colour_perms=2, batch_s=2.0, preload=True),
+                   rescore=replace(grid.rescore, views=1),
+                   run=replace(grid.run, min_task_s=2.0, max_task_s=4.0))
+    (tmp_path / "grid.toml").write_text(grid_profile_to_toml(grid))
+    (tmp_path / "both.toml").write_text(
+        f'line = "both"\npoll_s = 0.5\n[reasoning]\nprofile = "{tmp_path / "replay.toml"}"\n'
+        f'[grid]\nprofile = "{tmp_path / "grid.toml"}"\nworkers = ["cpu"]\nmodel = "{grid_model}"\n')
+    out = tmp_path / "run" / "submission.json"
+    # a roomy deadline (the run ends when both lines have finished): a busy shared machine starts workers slowly
+    done = subprocess.run([sys.executable, "-m", "submission.main", "--tasks", str(evaluation), "--profile",
+                           str(tmp_path / "both.toml"), "--deadline", "300", "--out", str(out), "--solutions",
+                           str(evaluation)], cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reasoning_log = read_log(tmp_path / "run" / "reasoning" / "attempts.jsonl")
+    grid_log = read_log(tmp_path / "run" / "grid" / "attempts.jsonl")
+    counts = {t.id: len(t.test_inputs) for t in tasks}
+    assert {r.task_id for r in reasoning_log} == {r.task_id for r in grid_log} == set(counts)  # both lines ran
+    merged = merge_logs(counts, reasoning_log, grid_log)
+    answer = json.loads(out.read_text())
+    assert {(t, i): (tuple(map(tuple, s["attempt_1"])), tuple(map(tuple, s["attempt_2"])))
+            for t, slots in answer.items() for i, s in enumerate(slots)} == merged  # the last write has both logs
+    grid_only = json.loads((tmp_path / "run" / "grid" / "submission.json").read_text())
+    first = tasks[0]
+    for index, label in enumerate(first.test_outputs):
+        found = [r for r in grid_log if r.attempt == 1 and r.task_id == first.id and r.test_index == index]
+        if any(c["hits"] for c in found[-1].grid_line["candidates"]):
+            continue  # the random model found an answer in a view: it ranks before the reasoning grids (tier 2)
+        # the reasoning line's right grid first, the grid line's fallback answer second: both lines in one slot
+        assert answer[first.id][index]["attempt_1"] == [list(row) for row in label]
+        assert answer[first.id][index]["attempt_2"] == grid_only[first.id][index]["attempt_1"]
+    assert "score (both)" in done.stdout and "score (grid line)" in done.stdout
+    again = subprocess.run(done.args, cwd=REPO, capture_output=True, text=True, timeout=100)
+    assert again.returncode == 2 and "--resume" in again.stderr  # an earlier run's logs are never merged by mistake
+
+
+def test_shipped_combined_profiles_give_each_line_its_share(tmp_path):
+    from submission.config import ProfileError, load_profile
+    from submission.grid import is_grid_profile
+    from submission.grid.both import line_profiles, load_both_profile
+    from submission.grid.config import load_grid_profile
+
+    assert is_grid_profile("both-4xL4") and load_both_profile("both-tiny").grid.workers == ("cpu",)
+    both = load_both_profile("both-4xL4")
+    reasoning, grid = line_profiles(both, 3600.0)
+    (tmp_path / "r.toml").write_text(reasoning)
+    (tmp_path / "g.toml").write_text(grid)
+    r, g = load_profile(tmp_path / "r.toml"), load_grid_profile(tmp_path / "g.toml")
+    assert (r.engine.tensor_parallel_size, r.schedule.time_limit_s, both.reasoning.devices) == (2, 3600.0, "0,1")
+    assert (g.run.devices, g.run.max_len, g.run.time_limit_s, both.grid.devices) == (
+        ("cuda:0", "cuda:1"), (13312, 12288), 3600.0, "2,3")
+    assert g.ttt == load_grid_profile("grid-4b-4xL4").ttt  # the rest is the line's own profile
+    (tmp_path / "bad.toml").write_text('line = "both"\n[grid]\nworkerz = ["cpu"]\n')
+    with pytest.raises(ProfileError, match="workerz"):
+        load_both_profile(tmp_path / "bad.toml")
+
+
+@pytest.mark.parametrize("profile", ["grid-4b-4xL4", "both-4xL4"])
+def test_the_bundle_refuses_grid_side_profiles_with_the_reason(profile, tmp_path, capsys):
+    from build.bundle import bundle
+    from build.pipeline import main as pipeline
+
+    with pytest.raises(ValueError, match="does not carry the grid line yet"):
+        bundle(profile, tmp_path, tmp_path / "bundle")
+    with pytest.raises(SystemExit):
+        pipeline(["--profile", profile, "--out", str(tmp_path / "out")])
+    assert "lack PEFT" in capsys.readouterr().err and not (tmp_path / "bundle").exists()
