@@ -96,6 +96,7 @@ def cmd_forecast(args: argparse.Namespace) -> int:
         inputs, truth, pool = inputs_by_shape[shape]
         if document is None:
             print(describe(variant, resolved, len(inputs)))
+            print(pool.turn_model.summary())
         started = time.perf_counter()
         result = forecast(resolved.schedule, inputs, truth, pool, resolved.serving, runs=variant.runs,
                           seed=variant.seed, throughput_noise=variant.throughput_noise,
@@ -115,7 +116,8 @@ def cmd_forecast(args: argparse.Namespace) -> int:
         timeline = timeline_png(run, engine.timeline, engine.preempted, engine.model.blocks, out / "timeline.png",
                                 f"{name}: the median-score run of {variant.runs} (seed {result.seeds[index]})")
         spread = distribution_png(numbers, out / "distribution.png", f"{name}: {variant.runs} simulated runs")
-        (out / "report.txt").write_text(describe(variant, resolved, len(inputs)) + "\n" + report + "\n")
+        (out / "report.txt").write_text(describe(variant, resolved, len(inputs)) + "\n" + pool.turn_model.summary()
+                                        + "\n" + report + "\n")
         print(report)
         print(f"  ({variant.runs} runs simulated in {elapsed:.1f} s)")
         print(f"report: {out / 'report.txt'}\ntimeline plot: {timeline}\ndistribution plot: {spread}")

@@ -7,6 +7,8 @@ For a request (input, attempt number, level, cap):
    level drawn from the whole pool, else any. Only its lengths and correctness travel: a right grid becomes the
    input's true answer, a wrong one a wrong grid of its own; a train-perfect program's output likewise; no transfer.
    Its prompt is the input's own (prompt 0 here: the run uses the length the scheduler ordered the input by).
+A tool-agent attempt keeps its turns (the logged ones, or its tokens split as the logs' agent attempts were:
+sim.agent) and runs as one request per turn; truncated (rule 3), as one request.
 3. Truncation: when the logged thinking is longer than the simulated cap, the attempt becomes a forced completion of
    cap tokens. Its grid comes from one of the input's logged forced attempts if any, else it is right with probability
    `forced_accuracy` (SPEC: about 8% of forced completions are right); its program is not train-perfect.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from sim.agent import TurnModel
 from submission.attempts import AttemptRecord
 from submission.grids import Grid
 from submission.schedule import Level, Outcome, Request
@@ -33,6 +36,8 @@ class SimAttempt:
     demos_right: int
     program_outputs: tuple  # per test input of the task; () when unknown
     source: str  # "own", "pool" (rule 2), plus "+cut" when truncated
+    turns: tuple[int, ...] = ()  # a tool-agent attempt: tokens of each turn (sim.agent); () = one request
+    tool_turn: int = 0  # tokens of each tool turn between them
 
     @property
     def tokens(self) -> int:
@@ -58,6 +63,7 @@ class AttemptPool:
         self.by_level: dict[Level, list[AttemptRecord]] = {}
         for r in self.records:
             self.by_level.setdefault(r.level, []).append(r)
+        self.turn_model = TurnModel.fit(self.records)
         # Rule 1's choices and attempts, made once: a forecast draws the same slots a thousand times.
         self._by_attempt: dict[tuple, list[SimAttempt]] = {}  # (input, attempt number): in log order
         self._by_level: dict[tuple, list[SimAttempt]] = {}  # (input, level) (apart: Level.SECOND == 1)
@@ -66,7 +72,8 @@ class AttemptPool:
         for key, own in self.by_input.items():
             for r in own:
                 attempt = SimAttempt(r.thinking_tokens, r.answer_tokens, r.prompt_tokens, r.natural, r.grid,
-                                     r.train_perfect, r.demos_right, r.program_outputs, "own")
+                                     r.train_perfect, r.demos_right, r.program_outputs, "own",
+                                     *self.turn_model.split(r))
                 self._by_attempt.setdefault((key, r.attempt), []).append(attempt)
                 self._by_level.setdefault((key, r.level), []).append(attempt)
                 self._own_all.setdefault(key, []).append(attempt)
@@ -110,7 +117,8 @@ class AttemptPool:
                 outputs = tuple(None for _ in range(request.test_index)) + (
                     truth if self._program_right(record) else self._wrong_grid(request, "program"),)
             attempt = self._pooled[slot] = SimAttempt(record.thinking_tokens, record.answer_tokens, 0, record.natural,
-                                                      grid, record.train_perfect, record.demos_right, outputs, "pool")
+                                                      grid, record.train_perfect, record.demos_right, outputs, "pool",
+                                                      *self.turn_model.split(record))
         return attempt
 
     def _cut(self, attempt: SimAttempt, request: Request, rng: random.Random) -> SimAttempt:

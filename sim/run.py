@@ -18,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from sim import agent
 from sim.pool import SimAttempt
 from sim.serving import Job
 from submission.schedule import InputInfo, Request, ScheduleConfig, Scheduler
@@ -150,13 +151,16 @@ def simulate(config: ScheduleConfig, inputs: list[InputInfo], draw: Callable[[Re
             attempt = draw(request, slot_rng(seed, request))
             job = Job(request.key + (request.attempt,), attempt.prompt or prompts[request.key], attempt.tokens,
                       (request, attempt, now))
-            engine.submit(job, now)
+            engine.submit(agent.first_turn(job, attempt.turns), now)  # a tool agent's turns: one job each
             started.append((now, request))
         when, done = engine.advance(now, hard_stop)
         if when == math.inf:
             break
         now = when
         for job in done:
+            if (later := agent.next_turn(job, job.payload[1].turns, job.payload[1].tool_turn)) is not None:
+                engine.submit(later, now)
+                continue
             waits.append(job.started - job.submitted)
             request, attempt, submitted = job.payload
             scheduler.on_finished(now, attempt.outcome(request))

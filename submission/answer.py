@@ -6,6 +6,11 @@ rows the same length, each ending with a newline); CUE, the forced text that ope
 cue as a literal, so the engine forces it, and lets the body be anything without a code fence, up to a length, before
 the fence.
 Equal row lengths are not context-free in general but are here: one alternative per width (30 of them).
+
+The tool agent's turns (submission.tool_agent) may instead call `check_transform`: the grammar with `call` admits, in
+place of the grid, CALL_OPEN and the same bounded body, and the model's first answer token decides which (SPEC 5:
+the model chooses when to call). A plain-text call rather than the chat template's tool-call tokens: one grammar
+serves every engine and template, and the call's program is read by the same parser as the answer's.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from submission.grids import MAX_SIDE, Grid, GridError, to_grid
 THINK_START = "<think>"
 THINK_END = "</think>"
 FENCE = "```"
+CALL_OPEN = "check_transform\n```python\ndef transform(grid):"  # a tool agent's call, in place of the answer
 # Chat-format tokens that must never appear inside the answer (the grammar sees them as plain text).
 CHAT_TOKENS = (THINK_START, THINK_END, "<|im_start|>", "<|endoftext|>")
 
@@ -38,12 +44,14 @@ def _ebnf_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def answer_grammar(program_cue: str, program_max_chars: int) -> str:
-    """The EBNF (xgrammar's dialect) of everything after `</think>`. The body's length is bounded in the grammar
-    itself (xgrammar compiles bounded repetition cheaply), so every engine closes the code block at the same point."""
+def answer_grammar(program_cue: str, program_max_chars: int, call: bool = False) -> str:
+    """The EBNF (xgrammar's dialect) of everything after `</think>`: the answer, or with `call` either the answer or a
+    `check_transform` call (CALL_OPEN, the body). The body's length is bounded in the grammar itself (xgrammar
+    compiles bounded repetition cheaply), so every engine closes the code block at the same point."""
     widths = " | ".join(f"grid{w}" for w in range(1, MAX_SIDE + 1))
+    answer = f"({widths}) cue body"
     rules = [
-        f"root ::= lead ({widths}) cue body",
+        f"root ::= lead ({answer} | call body)" if call else f"root ::= lead {answer}",
         'lead ::= "\\n"{0,2}',
         f"cue ::= {_ebnf_string(program_cue)}",
         # the body: any text without three backticks in a row, then the closing fence
@@ -54,6 +62,8 @@ def answer_grammar(program_cue: str, program_max_chars: int) -> str:
         row = "d" + ' " " d' * (w - 1) + ' "\\n"'
         rules.append(f"grid{w} ::= row{w}{{1,{MAX_SIDE}}}")
         rules.append(f"row{w} ::= {row}")
+    if call:
+        rules.append(f"call ::= {_ebnf_string(CALL_OPEN)}")
     return "\n".join(rules) + "\n"
 
 
@@ -62,6 +72,8 @@ class ParsedAnswer:
     grid: Grid | None
     program: str | None  # a full `def transform(grid):` source, or None
     error: str | None  # why there is no grid
+    call: bool = False  # a `check_transform` call (CALL_OPEN) rather than an answer
+    closed: bool = False  # the program's code block was closed (a call cut by the answer limit is not)
 
 
 _ROW = re.compile(r"^[0-9]( [0-9])*$")
@@ -70,6 +82,11 @@ _ROW = re.compile(r"^[0-9]( [0-9])*$")
 def parse_answer(completion: str) -> ParsedAnswer:
     """The grid and the program from a completion (thinking included or not): text after the last `</think>`."""
     answer = completion.rsplit(THINK_END, 1)[1] if THINK_END in completion else completion
+    if THINK_END in completion and answer.lstrip("\n").startswith(CALL_OPEN):
+        start = answer.find("def transform(grid):")
+        end = answer.find(FENCE, start)
+        return ParsedAnswer(None, answer[start:end if end >= 0 else None].rstrip() + "\n",
+                            "a check_transform call, not an answer", call=True, closed=end >= 0)
     lines = answer.lstrip("\n").split("\n")
     rows = []
     for line in lines:
@@ -89,4 +106,5 @@ def parse_answer(completion: str) -> ParsedAnswer:
     if start >= 0:
         end = answer.find(FENCE, start)
         program = answer[start:end if end >= 0 else None].rstrip() + "\n"
+        return ParsedAnswer(grid, program, error, closed=end >= 0)
     return ParsedAnswer(grid, program, error)

@@ -95,12 +95,16 @@ def repair_text(program: str, demo_results: list[tuple[Grid, Grid | None, str]],
     return "\n".join(lines)
 
 
+FIX = "Fix the program if it is wrong, then check it again or answer for the test input as before."
+
+
 def check_text(demo_results: list[tuple[Grid, Grid | None, str]], test_output: Grid | None, test_note: str,
                failing_pairs: int = 2, max_cells: int = 12, test_output_max_cells: int = 225,
-               grids: bool = True) -> str:
+               grids: bool = True, closing: str = FIX) -> str:
     """The tool agent's tool turn: check_transform's results on each demonstration (as in the repair turn), the
     expected and produced grids of the first `failing_pairs` failing ones (when `grids`), and the program's output
-    for the test input when it has at most `test_output_max_cells` cells (`test_note` says why there is none). Pure."""
+    for the test input when it has at most `test_output_max_cells` cells (`test_note` says why there is none), then
+    the `closing` line. Pure."""
     right = sum(expected == produced for expected, produced, _ in demo_results)
     lines = [f"check_transform: {right} of {len(demo_results)} examples reproduced."]
     lines += example_lines(demo_results, max_cells)
@@ -116,7 +120,7 @@ def check_text(demo_results: list[tuple[Grid, Grid | None, str]], test_output: G
         lines += ["Test input produced:", sized_grid_text(test_output)]
     else:
         lines.append(f"Test input: produced a {len(test_output)}x{len(test_output[0])} grid.")
-    lines.append("Fix the program if it is wrong, then answer for the test input as before.")
+    lines.append(closing)
     return "\n".join(lines)
 
 

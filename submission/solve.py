@@ -1,7 +1,8 @@
 """One attempt end to end, and the candidates it adds: render, generate, parse, check, record.
 
 `Attempts.run` is the whole life of one scheduled attempt against an engine and the sandbox: one request, or the
-tool agent's turns for a first attempt when the profile turns it on (submission.tool_agent); `Candidates` is the pure
+tool agent's turns for a first attempt when the profile turns it on (submission.tool_agent: the model calls
+`check_transform` or answers); `Candidates` is the pure
 state that turns finished attempts into the two answers per test input (SPEC sections 3 and 4, with program transfer
 to the task's other test inputs).
 """
@@ -17,12 +18,13 @@ from submission.attempts import AttemptRecord
 from submission.config import Profile
 from submission.engines.base import Completion, Engine, GenerationRequest
 from submission.grids import Grid
-from submission.prompt import check_text, repair_text
+from submission.prompt import FIX, check_text, repair_text
 from submission.sandbox import CheckResult, Sandbox, Status
 from submission.schedule import Level, Request
 from submission.selection import Candidate, Source, select
 from submission.tasks import Task
-from submission.tool_agent import NO_CALL, finished, first_cap, next_turn, within_tokens
+from submission.tool_agent import (LAST_CHECK, NO_CALL, finished, first_cap, instructions, next_turn,
+                                   within_tokens)
 from submission.views import View, reordered
 
 # render(task, test_index, view, extra) -> prompt token ids
@@ -90,6 +92,7 @@ class Turn:
     parse_error: str | None
     program: str | None
     check: CheckResult | None
+    call: bool = False  # a readable `check_transform` call (its code block closed), not an answer
 
     @property
     def failed(self) -> bool:
@@ -121,37 +124,44 @@ class Attempts:
         check = await asyncio.to_thread(self.sandbox.check, program, task)
         return repair_text(program, demo_results(task, check))
 
-    async def _turn(self, request: Request, view: View, prompt: list[int], cap: int) -> Turn:
+    async def _turn(self, request: Request, view: View, prompt: list[int], cap: int, may_call: bool = False) -> Turn:
         completion = await self.engine.generate(
-            GenerationRequest(request_id(request), tuple(prompt), cap, request.seed))
+            GenerationRequest(request_id(request), tuple(prompt), cap, request.seed, may_call))
         parsed = parse_answer(completion.text)
         grid = view.invert_grid(parsed.grid) if parsed.grid is not None else None
+        readable = not parsed.call or parsed.closed  # a call cut by the answer limit is not run
         check = None
-        if parsed.program is not None:
+        if parsed.program is not None and readable:
             check = await asyncio.to_thread(self.sandbox.check, parsed.program, self.tasks[request.task_id])
-        return Turn(completion, grid, parsed.error if grid is None else None, parsed.program, check)
+        return Turn(completion, grid, parsed.error if grid is None else None, parsed.program if readable else None,
+                    check, parsed.call and readable)
 
-    async def _agent(self, request: Request, view: View, prompt: list[int]) -> list[Turn]:
-        """The tool agent's turns (submission.tool_agent): check, show the results, continue the conversation."""
+    async def _agent(self, request: Request, view: View, prompt: list[int]) -> tuple[list[Turn], int]:
+        """The tool agent's turns (submission.tool_agent): the model calls `check_transform` or answers; a call is
+        run on the demonstrations and its results continue the conversation. Also returns the tool turns' tokens."""
         config, reserve = self.profile.tool_agent, self.profile.engine.answer_max_tokens
         task = self.tasks[request.task_id]
         single = len(task.test_inputs) == 1
         cap, used, checks, final, turns = min(request.cap, first_cap(config, single, reserve)), 0, 0, False, []
+        tool_tokens = 0
         while True:
-            turn = await self._turn(request, view, prompt, cap)
+            turn = await self._turn(request, view, prompt, cap, may_call=not final)
             turns.append(turn)
             used += turn.completion.thinking_tokens + turn.completion.answer_tokens
-            check = turn.check
+            if turn.failed or final or turn.grid is not None:
+                break  # the engine failed, the final turn ended, or the model answered
+            checks += 1  # a call; one whose program cannot be read counts as a check too (SPEC 5)
+            check = turn.check if turn.call else None
             test = check.test[request.test_index] if check is not None else None
-            if turn.failed or final or (test is not None and finished(check.train_perfect, test.output)):
-                break
-            checks += 1  # an answer whose program cannot be read counts as a check too (SPEC 5)
+            verified = test is not None and finished(check.train_perfect, test.output)
+            closing = LAST_CHECK if verified or checks >= config.checks else FIX
             texts = [NO_CALL] if test is None else [
                 check_text(demo_results(task, check), test.output, test.message or test.status.value,
-                           config.failing_pairs, config.max_cells, config.test_output_max_cells, grids)
+                           config.failing_pairs, config.max_cells, config.test_output_max_cells, grids, closing)
                 for grids in (True, False)]
             tool_ids = within_tokens(texts, self.tool_turn, config.feedback_max_tokens)
             used += len(tool_ids)
+            tool_tokens += len(tool_ids)
             prompt = continued(prompt, turn.completion.token_ids, tool_ids)
             # The deadline-aware cap and the context cut what the attempt may still spend (SPEC 5: the cap formula
             # cuts the agent's budget); when not even one thinking token of a final turn fits, the attempt ends.
@@ -159,10 +169,10 @@ class Attempts:
             limit = self.profile.schedule.cap(config.budget_single + config.budget_multi, self.clock())
             if context:
                 limit = min(limit, context - len(prompt) - reserve)
-            cap, final = next_turn(config, checks, used, single, reserve, limit)
+            cap, final = next_turn(config, checks, used, single, reserve, limit, verified)
             if cap < 1:
                 break
-        return turns
+        return turns, tool_tokens
 
     async def run(self, request: Request) -> AttemptRecord:
         task = self.tasks[request.task_id]
@@ -171,7 +181,9 @@ class Attempts:
         prompt = self.render(task, request.test_index, view, extra)
         started = self.clock()
         if request.level is Level.FIRST and self.profile.tool_agent.enabled:
-            turns = await self._agent(request, view, prompt)
+            tool = instructions(self.profile.tool_agent.checks)
+            turns, tool_tokens = await self._agent(request, view,
+                                                   self.render(task, request.test_index, view, extra + tool))
             if turns[-1].completion.finish.startswith("error") and all(t.grid is None for t in turns):
                 # SPEC 5: an infrastructure error with no grid falls back to one direct request (not when aborted:
                 # that is the hard stop)
@@ -179,20 +191,25 @@ class Attempts:
                 if cap >= self.profile.schedule.min_cap:
                     turns.append(await self._turn(request, view, prompt, cap))
         else:
-            turns = [await self._turn(request, view, prompt, request.cap)]
-        # The answer is the last turn's, unless it failed (aborted, engine error) after one that did not.
+            turns, tool_tokens = [await self._turn(request, view, prompt, request.cap)], 0
+        # The answer is the last turn's, unless it failed (aborted, engine error) after one that did not; its program
+        # is the answer's unless a call's was train-perfect and the answer's is not (a verified program is kept).
         final = next((t for t in reversed(turns) if not t.failed), turns[-1])
-        check = final.check
+        verified = [t for t in turns if not t.failed and t.check is not None and t.check.train_perfect]
+        source = final if not verified or (final.check is not None and final.check.train_perfect) else verified[-1]
+        check = source.check
         record = AttemptRecord(
             task_id=request.task_id, test_index=request.test_index, attempt=request.attempt, level=request.level,
             seed=request.seed, cap=request.cap, view=view.to_json(), natural=turns[0].completion.natural,
             thinking_tokens=sum(t.completion.thinking_tokens for t in turns),
             answer_tokens=sum(t.completion.answer_tokens for t in turns), prompt_tokens=len(prompt),
-            grid=final.grid, parse_error=final.parse_error, program=final.program,
+            grid=final.grid, parse_error=final.parse_error, program=source.program,
             train_perfect=check is not None and check.train_perfect,
             demos_right=sum(p.status is Status.RIGHT for p in check.train) if check else 0,
             program_outputs=check.test_outputs if check else (), started_s=started, finished_s=self.clock(),
-            aborted=final.failed, finish=final.completion.finish, turns=len(turns))
+            aborted=final.failed, finish=final.completion.finish, turns=len(turns),
+            turn_tokens=tuple(t.completion.thinking_tokens + t.completion.answer_tokens for t in turns)
+            if len(turns) > 1 else (), tool_tokens=tool_tokens)
         self.note_program(record)
         return record
 

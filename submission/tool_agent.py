@@ -1,29 +1,36 @@
-"""The tool agent (SPEC section 5): a first attempt that checks its programs on the demonstrations between turns.
+"""The tool agent (SPEC section 5): a first attempt whose model may check programs on the demonstrations before it
+answers.
 
-Every turn is one ordinary request: thinking up to the turn's cap (the forced close at the cap), then the answer
-grammar's grid and `transform` program. The answer's program is the `check_transform` call: the kit runs it on the
-demonstrations and, while checks remain and it is not train-perfect with a test output, answers in a tool turn of the
-model's own chat template with the per-demonstration results. The next turn continues the same conversation: its
-prompt is the previous prompt, the ids as sampled and the tool turn, so an engine's prefix cache reuses all of it.
+Every turn is one ordinary request: thinking up to the turn's cap (the forced close at the cap), then, under the
+answer grammar with its call alternative (submission.answer, `may_call`), the model's choice: an answer (grid and
+`transform` program, which ends the attempt) or a `check_transform` call (CALL_OPEN and a program). The prompt says
+so (`instructions`). The kit runs a call's program on the demonstrations and answers in a tool turn of the model's
+own chat template with the per-demonstration results; the next turn continues the same conversation: its prompt is
+the previous prompt, the ids as sampled and the tool turn, so an engine's prefix cache reuses all of it.
 
 Turns follow the study's rules (SPEC 5): at most `checks` checks; after a check, a later turn runs while at least
 `min_turn_thinking` thinking tokens fit the budget after reserving its call (an answer), the check's response and the
-final turn, else the final turn comes; the final turn always ends the attempt (unless the deadline or the context
-cannot hold even that); an answer whose program cannot be read counts as a check, and the model is told so; on an
-infrastructure error with no grid the attempt falls back to one direct request (submission.solve).
+final turn, else the final turn comes; after the last check, or a check that finds the program train-perfect with a
+test output, the final turn comes too. The final turn admits no call (the grammar without it) and always ends the
+attempt (unless the deadline or the context cannot hold even that); a call whose program cannot be read (no grid
+and no closed call: cut by the answer limit, or thinking ended by end of turn) counts as a check, the model is told
+so and the loop goes on; on an infrastructure error with no grid the attempt falls back to one direct request
+(submission.solve).
 
-Approximation of SPEC, said in the README: SPEC's model chooses when to call the tool; here every answer is a call.
-That spends each turn's answer tokens on a grid, and needs no tool-call grammar and no tool-call special tokens
-(which the answer grammar would have to admit after `</think>`).
+Approximation of SPEC, said in the README: the call is plain text under the grammar, not the chat template's
+tool-call tokens, and the tool is described in the user message, not in the template's tool list; the study's
+exact call format and tool description are not known.
 
-Pure: the configuration, the turn caps under the budget, the stop rule and the tool turn's length limit (its text
-is submission.prompt.check_text, or NO_CALL). submission.solve runs the turns against the engine and the sandbox.
+Pure: the configuration, the prompt's tool description, the turn caps under the budget, the stop rule and the tool
+turn's length limit (its text is submission.prompt.check_text, or NO_CALL). submission.solve runs the turns against
+the engine and the sandbox.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from submission.answer import CALL_OPEN, FENCE
 from submission.grids import Grid
 
 
@@ -51,8 +58,17 @@ class ToolAgentConfig:
             raise ValueError("tool_agent: checks and the thinking caps must be positive")
 
 
-NO_CALL = ("check_transform: no program could be read from your answer. Write the transformation as a Python "
+NO_CALL = ("check_transform: no program could be read from your call. Write the transformation as a Python "
            "function `def transform(grid):` in a python code block, then answer for the test input as before.")
+LAST_CHECK = "No checks are left: answer for the test input now, the output grid and then the program."
+
+
+def instructions(checks: int) -> str:
+    """The tool's description, appended to the first turn's user message (the direct fallback's prompt has none)."""
+    return (f"\n\nBefore you answer you may check a program on the examples, at most {checks} times: after "
+            f"thinking, instead of the answer, write\n{CALL_OPEN}\n    ...\n{FENCE}\nand you will see its result on "
+            "every example and its output for the test input. Answer when you are sure: the output grid, then the "
+            "program.")
 
 
 def first_cap(config: ToolAgentConfig, single_input: bool, answer_reserve: int) -> int:
@@ -63,9 +79,10 @@ def first_cap(config: ToolAgentConfig, single_input: bool, answer_reserve: int) 
 
 
 def next_turn(config: ToolAgentConfig, checks: int, used: int, single_input: bool, answer_reserve: int,
-              limit: int) -> tuple[int, bool]:
+              limit: int, verified: bool = False) -> tuple[int, bool]:
     """(thinking cap, is the final turn) of the turn after `checks` checks and `used` tokens (generated and tool
-    turns); `limit`: the thinking tokens a request starting now may have (the deadline-aware cap, the context).
+    turns); `limit`: the thinking tokens a request starting now may have (the deadline-aware cap, the context);
+    `verified`: the last check found the program train-perfect with a test output (the final turn comes).
     The attempt may still spend its budget less `used`, cut to `limit` and its answer. A later turn runs while checks
     remain and at least `min_turn_thinking` fits in that after reserving its call (`answer_reserve`), the check's
     response (`feedback_max_tokens`) and the final turn (`final_thinking` and its answer); its cap is what fits, at
@@ -73,7 +90,7 @@ def next_turn(config: ToolAgentConfig, checks: int, used: int, single_input: boo
     leave room for it; the caller ends the attempt when `limit` holds not one token)."""
     budget = config.budget_single if single_input else config.budget_multi
     left = min(budget - used, limit + answer_reserve)
-    if checks < config.checks:
+    if checks < config.checks and not verified:
         room = left - answer_reserve - config.feedback_max_tokens - config.final_thinking - answer_reserve
         if room >= config.min_turn_thinking:
             return min(config.later_thinking, room), False
@@ -81,7 +98,7 @@ def next_turn(config: ToolAgentConfig, checks: int, used: int, single_input: boo
 
 
 def finished(train_perfect: bool, test_output: Grid | None) -> bool:
-    """A check ends the attempt when the program reproduces every demonstration and gives a test output."""
+    """After a check whose program reproduces every demonstration and gives a test output, the final turn comes."""
     return train_perfect and test_output is not None
 
 

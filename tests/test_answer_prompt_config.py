@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from submission.answer import answer_grammar, parse_answer
+from submission.answer import CALL_OPEN, answer_grammar, parse_answer
 from submission.config import EngineConfig, ProfileError, load_profile, profile_to_toml
 from submission.prompt import grid_text, repair_text, task_text
 from submission.tasks import load_tasks
@@ -36,6 +36,33 @@ def test_grammar_has_one_alternative_per_width_and_the_cue():
     assert "```python\\ndef transform(grid):" in grammar
     assert grammar.count("row30 ::= d" + ' " " d' * 29) == 1
     assert '{0,500} "```"' in grammar
+
+
+def test_parse_a_call_and_a_cut_call():
+    body = "\n    return grid\n"
+    parsed = parse_answer(f"thinking</think>\n{CALL_OPEN}{body}```<|im_end|>")
+    assert parsed.call and parsed.closed and parsed.grid is None and parsed.program == "def transform(grid):" + body
+    cut = parse_answer(f"</think>{CALL_OPEN}{body}")
+    assert cut.call and not cut.closed
+    assert not parse_answer(f"{CALL_OPEN}{body}```").call  # no </think>: thinking, not a call
+
+
+def test_only_the_call_grammar_admits_a_call():
+    """The grammars as the engines compile them (xgrammar): a tool agent's turn may call or answer; others answer."""
+    xgr = pytest.importorskip("xgrammar", reason="needs the engine environment (make engine-env)")
+    info = xgr.TokenizerInfo([chr(c) for c in range(32, 127)] + ["\n", "<eot>"], stop_token_ids=[96])
+    compiler = xgr.GrammarCompiler(info)
+    call_text = f"\n{CALL_OPEN}\n    return grid\n```"
+    answer_text = "\n1 2\n3 4\n" + CUE + "\n    return grid\n```"
+
+    def accepts(grammar, text):
+        matcher = xgr.GrammarMatcher(compiler.compile_grammar(grammar))
+        return matcher.accept_string(text) and matcher.is_completed()
+
+    assert accepts(answer_grammar(CUE, 500, call=True), call_text)
+    assert accepts(answer_grammar(CUE, 500, call=True), answer_text)
+    assert accepts(answer_grammar(CUE, 500), answer_text)
+    assert not accepts(answer_grammar(CUE, 500), call_text)
 
 
 def test_prompt_is_row_wise_with_sizes(arc_data):

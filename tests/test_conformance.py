@@ -11,6 +11,7 @@ import pytest
 
 from submission.config import PROFILES, load_profile
 from submission.grid import is_grid_profile
+from submission.grid.config import load_grid_profile
 
 TABLE = Path(__file__).resolve().parents[1] / "docs" / "conformance.md"
 MATCHES = ("yes", "no", "unknown")
@@ -29,8 +30,9 @@ def tables(text: str) -> dict[str, list[list[str]]]:
 
 
 def mismatches(rows: list[list[str]], profile_path: Path) -> list[str]:
-    """What is wrong between one profile and its table rows; [] when they agree."""
-    profile = load_profile(profile_path)
+    """What is wrong between one profile and its table rows; [] when they agree. Each line's profile is read by its
+    own loader (a grid-line profile's defaults are the grid line's)."""
+    profile = load_grid_profile(profile_path) if is_grid_profile(profile_path) else load_profile(profile_path)
     raw = tomllib.loads(profile_path.read_text())
     problems = []
     documented = set()
@@ -54,9 +56,8 @@ def mismatches(rows: list[list[str]], profile_path: Path) -> list[str]:
 
 
 def shipped() -> list[Path]:
-    """The reasoning-line profiles that reproduce a scored run: the CPU demos reproduce none, and the grid line's
-    profiles (SPEC 10) have their own reader and tests (tests/test_grid_policy.py), not this table yet."""
-    return sorted(p for p in PROFILES.glob("*.toml") if not p.stem.startswith("cpu-") and not is_grid_profile(p))
+    """The profiles that reproduce a scored run, of both lines: the CPU demos (cpu-*, *-tiny) reproduce none."""
+    return sorted(p for p in PROFILES.glob("*.toml") if not p.stem.startswith("cpu-") and not p.stem.endswith("-tiny"))
 
 
 @pytest.mark.parametrize("path", shipped(), ids=lambda p: p.stem)
@@ -86,8 +87,18 @@ def test_the_tables_name_real_settings():
     for name, rows in tables(TABLE.read_text()).items():
         if name == "Procedures":
             continue
-        profile = load_profile(name)
+        profile = load_grid_profile(name) if is_grid_profile(name) else load_profile(name)
         for row in rows:
             assert len(row) == 5, f"{TABLE}: {name}: a row needs 5 cells: {row}"
             section, key = row[0].split(".")
             assert key in {f.name for f in dataclasses.fields(getattr(profile, section))}, row[0]
+
+
+def test_a_changed_grid_profile_value_fails(tmp_path):
+    path = PROFILES / "grid-4b-4xL4.toml"
+    rows = tables(TABLE.read_text())["grid-4b-4xL4"]
+    changed = tmp_path / "grid-4b-4xL4.toml"
+    changed.write_text(path.read_text().replace("cutoff = 0.2", "cutoff = 0.3").replace("max_failures = 3", ""))
+    assert mismatches(rows, changed) == ["search.cutoff: the table says 0.2, the profile has 0.3"]  # a default: 3
+    changed.write_text(path.read_text() + "threads = 2\n")  # [run] is the last section
+    assert mismatches(rows, changed) == ["run.threads: set by the profile, missing from the table"]

@@ -126,6 +126,47 @@ def test_merged_equals_adapter_within_bf16(setup):
     assert dataclasses.replace(config, recipe="").recipe == ""
 
 
+def test_merge_requantises_and_recomputes_the_kv_scales_on_the_merged_model(setup, arc_data, tmp_path, read_tensors):
+    """The path `make train-rft` ends with when a recipe is set (SPEC 9: merge, patch, re-quantise): the FP8 KV-cache
+    scales come from the merged model's own activations on the calibration tasks, not from the base's."""
+    import shutil
+
+    from build.kv_scales import calibration_prompts, kv_amax, scales
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    _, config, _ = setup
+    # An adapter that changes every projection it targets (random B, not PEFT's zero start): no training needed
+    run = tmp_path / "run"
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=list(QWEN3), init_lora_weights=False)
+    torch.manual_seed(0)
+    get_peft_model(AutoModelForCausalLM.from_pretrained(config.base, dtype=torch.float32), lora).save_pretrained(
+        run / "adapter")
+    config = dataclasses.replace(config, out=str(run))
+    recipe = "build/recipes/dense-27b-4xL4.toml"
+    with pytest.raises(ValueError, match="calibration_tasks"):  # scales are not left stale by omission
+        dataclasses.replace(config, recipe=recipe)
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for name in ("3c9b0459", "6150a2bd"):
+        shutil.copy(arc_data / "arc-agi-2" / "training" / f"{name}.json", tasks)
+    result = merge(dataclasses.replace(config, recipe=recipe, calibration_tasks=str(tasks)))
+    assert result == run / "merged-quantized"
+    merged = run / "merged"  # what was quantised: the merge (the base's end-of-turn patch carried over)
+    assert not (run / "merged-patched").exists()
+    prompts = calibration_prompts(merged, load_tasks(tasks).tasks, 256)
+    expected, stale = scales(kv_amax(merged, prompts)), scales(kv_amax(config.base, prompts))
+    after = read_tensors(result)
+    assert sorted(expected) == sorted(k for k in after if k.endswith(("k_scale", "v_scale"))) and expected
+    assert all(after[name].item() == pytest.approx(value, rel=1e-3) for name, value in expected.items())
+    assert any(abs(after[name].item() - stale[name]) > 1e-3 * stale[name] for name in expected)  # not the base's
+    quantization = json.loads((result / "config.json").read_text())["quantization_config"]
+    assert quantization["kv_cache_scheme"]["dynamic"] is False
+    unscaled = merge(dataclasses.replace(config, recipe=recipe, kv_scales=False))  # opting out keeps none
+    assert not any(k.endswith("k_scale") for k in read_tensors(unscaled))
+
+
 @pytest.mark.skipif(not HAVE_UNSLOTH, reason="the unsloth backend runs in its own environment (make unsloth-env)")
 def test_unsloth_backend_halves_the_loss_too(setup, tmp_path):
     _, config, _ = setup

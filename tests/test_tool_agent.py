@@ -10,15 +10,16 @@ import json
 
 import pytest
 
-from submission.answer import FENCE, THINK_END
+from submission.answer import CALL_OPEN, FENCE, THINK_END
 from submission.config import PROFILES, EngineConfig, Profile, PromptConfig
 from submission.engines.base import Completion
-from submission.prompt import check_text, grid_text
+from submission.prompt import FIX, check_text, grid_text
 from submission.sandbox import Sandbox
 from submission.schedule import Level, Request
 from submission.solve import Attempts
 from submission.tasks import load_tasks
-from submission.tool_agent import NO_CALL, ToolAgentConfig, finished, first_cap, next_turn, within_tokens
+from submission.tool_agent import (LAST_CHECK, NO_CALL, ToolAgentConfig, finished, first_cap, instructions, next_turn,
+                                   within_tokens)
 
 CONFIG = ToolAgentConfig(enabled=True)
 EOT = 7  # the end-of-turn id of the scripted engine and tool turn below
@@ -44,6 +45,7 @@ def test_turn_caps_follow_the_budget():
     assert next_turn(CONFIG, 1, 80_501, True, 4000, free) == (4_000, True)  # the final turn instead, always
     assert next_turn(CONFIG, 1, 95_000, True, 4000, free) == (4_000, True)  # even past the budget
     assert next_turn(CONFIG, 2, 10_000, True, 4000, free) == (4_000, True)  # after the last check: the final turn
+    assert next_turn(CONFIG, 1, 10_000, True, 4000, free, verified=True) == (4_000, True)  # a verified program too
     assert next_turn(dataclasses.replace(CONFIG, checks=3), 2, 10_000, True, 4000, free) == (8_000, False)
     # the deadline cuts the budget: 11.5K thinking tokens left (+ the answer) hold a 1K later turn and the reserves
     assert next_turn(CONFIG, 1, 10_000, True, 4000, 11_500) == (1_000, False)
@@ -77,87 +79,121 @@ def test_within_tokens_prefers_detail_then_cuts_lines():
     assert within_tokens(["a\nbbbbbbbbbb\nend"], encode, 6) == list("a\nend")  # the closing line is kept
 
 
-class Scripted:
-    """An engine that answers each turn with the next scripted (grid, program, finish)."""
+def answer(grid, program=None, finish="stop"):
+    """A turn that answers: `</think>`, the grid (None: none), the program (None: none)."""
+    return (THINK_END + (f"\n{grid_text(grid)}\n" if grid else "") + (
+        f"{EngineConfig().program_cue}{program.split('def transform(grid):', 1)[1]}{FENCE}" if program else ""), finish)
 
-    def __init__(self, turns: list[tuple[tuple, str, str]]):
+
+def call(program, closed=True, finish="stop"):
+    """A turn that calls check_transform (its code block cut off when not `closed`: the answer limit)."""
+    return (f"{THINK_END}\n{CALL_OPEN}{program.split('def transform(grid):', 1)[1]}" + (FENCE if closed else ""),
+            finish)
+
+
+class Scripted:
+    """An engine that answers each turn with the next scripted (text, finish), as a model under the grammar would."""
+
+    def __init__(self, turns: list[tuple[str, str]]):
         self.turns, self.requests = turns, []
 
     async def generate(self, request):
-        grid, program, finish = self.turns[min(len(self.requests), len(self.turns) - 1)]
+        text, finish = self.turns[min(len(self.requests), len(self.turns) - 1)]
         self.requests.append(request)
-        text = THINK_END + (f"\n{grid_text(grid)}\n" if grid else "") + (  # None: no grid / no program
-            f"{EngineConfig().program_cue}{program.split('def transform(grid):', 1)[1]}{FENCE}" if program else "")
-        return Completion(request.request_id, text, 100, 50, True, finish, 0.0, 0.0,
-                          token_ids=(1, 2, 3, EOT))
+        return Completion(request.request_id, text, 100, 50, True, finish, 0.0, 0.0, token_ids=(1, 2, 3, EOT))
 
 
-def run_attempt(task, engine, level=Level.FIRST, config=CONFIG, clock=lambda: 0.0, cap=4000):
+def run_attempt(task, engine, level=Level.FIRST, config=CONFIG, clock=lambda: 0.0, cap=4000, extras=None):
     tool_texts = []
 
     def tool_turn(text):
         tool_texts.append(text)
         return [EOT, 9, 9, 9]
 
+    def render(task, test_index, view, extra):
+        (extras if extras is not None else []).append(extra)
+        return [5] * 10
+
     profile = dataclasses.replace(Profile(), tool_agent=config)
     with Sandbox() as box:
-        attempts = Attempts(profile, {task.id: task}, engine, box, lambda *a: [5] * 10, clock, tool_turn)
+        attempts = Attempts(profile, {task.id: task}, engine, box, render, clock, tool_turn)
         record = asyncio.run(attempts.run(Request(task.id, 0, 1, level, cap, 1)))
     return record, tool_texts
 
 
+def test_the_model_that_answers_ends_the_attempt(tasks):
+    """SPEC 5: the model decides. An answer on the first turn (grid and program) is the attempt's answer; its program
+    is checked as any attempt's but not shown to the model."""
+    extras = []
+    engine = Scripted([answer(((1,),), IDENTITY)])
+    record, texts = run_attempt(tasks["3c9b0459"], engine, extras=extras)
+    assert len(engine.requests) == 1 and engine.requests[0].may_call and texts == []
+    assert record.turns == 1 and record.grid == ((1,),) and not record.train_perfect and record.demos_right == 0
+    assert record.program == IDENTITY and record.turn_tokens == () and record.tool_tokens == 0
+    assert extras[-1] == instructions(2) and CALL_OPEN in extras[-1] and "at most 2 times" in extras[-1]
+
+
 def test_a_wrong_program_is_shown_its_checks_twice_then_answers(tasks):
     task = tasks["3c9b0459"]  # rotate by 180 degrees, one test input
-    engine = Scripted([(((1,),), IDENTITY, "stop")])
+    engine = Scripted([call(IDENTITY), call(IDENTITY), answer(((1,),), IDENTITY)])
     record, texts = run_attempt(task, engine)
     assert [r.thinking_cap for r in engine.requests] == [4000, 8000, 4000]  # the scheduler's cap, later, final
+    assert [r.may_call for r in engine.requests] == [True, True, False]  # the final turn's grammar has no call
     assert record.turns == 3 and record.thinking_tokens == 300 and record.answer_tokens == 150
+    assert record.turn_tokens == (150, 150, 150) and record.tool_tokens == 8  # for the simulator (sim.agent)
     first, second, third = (list(r.prompt_ids) for r in engine.requests)
     assert second == first + [1, 2, 3] + [EOT, 9, 9, 9]  # sampled ids (its end of turn shared), tool turn
     assert third[:len(second)] == second
     assert texts[0].startswith(f"check_transform: 0 of {len(task.train)} examples reproduced.")
     assert "Example 1 expected:" in texts[0] and "Test input produced:" in texts[0]
+    assert texts[0].endswith(FIX) and texts[1].endswith(LAST_CHECK)
     assert not record.train_perfect and record.grid == ((1,),) and not record.aborted
 
 
-def test_a_train_perfect_program_ends_the_attempt(tasks):
-    engine = Scripted([(((1,),), ROTATE, "stop")])
+def test_a_train_perfect_call_goes_to_the_final_turn_and_its_program_is_kept(tasks):
+    engine = Scripted([call(ROTATE), answer(((2,),), IDENTITY)])
     record, texts = run_attempt(tasks["3c9b0459"], engine)
-    assert len(engine.requests) == 1 and record.turns == 1 and record.train_perfect and texts == []
+    assert [(r.thinking_cap, r.may_call) for r in engine.requests] == [(4000, True), (4000, False)]
+    assert texts[0].startswith("check_transform: 4 of 4") and texts[0].endswith(LAST_CHECK)
+    # the answer's grid; the verified program (the answer's own is not train-perfect) and its test output
+    assert record.turns == 2 and record.grid == ((2,),) and record.train_perfect and record.program == ROTATE
+    assert record.program_outputs[0] == tuple(tuple(r[::-1]) for r in tasks["3c9b0459"].test_inputs[0][::-1])
 
 
-def test_a_fix_after_the_first_check_stops_there(tasks):
-    engine = Scripted([(((1,),), IDENTITY, "stop"), (((2,),), ROTATE, "stop")])
-    record, _ = run_attempt(tasks["3c9b0459"], engine)
-    assert record.turns == 2 and record.train_perfect and record.grid == ((2,),)
+def test_a_fix_after_the_first_check(tasks):
+    engine = Scripted([call(IDENTITY), call(ROTATE), answer(((2,),), ROTATE)])
+    record, texts = run_attempt(tasks["3c9b0459"], engine)
+    assert record.turns == 3 and record.train_perfect and record.grid == ((2,),) and len(texts) == 2
 
 
 def test_only_first_attempts_and_only_when_enabled(tasks):
     task = tasks["3c9b0459"]
     for level, config in ((Level.SECOND, CONFIG), (Level.FIRST, ToolAgentConfig())):
-        engine = Scripted([(((1,),), IDENTITY, "stop")])
-        record, _ = run_attempt(task, engine, level=level, config=config)
-        assert len(engine.requests) == 1 and record.turns == 1
+        extras = []
+        engine = Scripted([call(IDENTITY)])
+        record, _ = run_attempt(task, engine, level=level, config=config, extras=extras)
+        assert len(engine.requests) == 1 and record.turns == 1 and not engine.requests[0].may_call
+        assert extras == [""]  # the plain prompt: no tool description
 
 
 def test_budget_deadline_and_context_stop_the_turns(tasks):
     task = tasks["25ff71a9"]  # two test inputs: the 64K budget
     small = dataclasses.replace(CONFIG, budget_multi=5000)
-    engine = Scripted([(((1,),), IDENTITY, "stop")])
+    engine = Scripted([call(IDENTITY), answer(((1,),), IDENTITY)])
     record, _ = run_attempt(task, engine, config=small)
     # 5000 less the answer's 4000; no room for a later turn, but the final turn always runs
     assert [r.thinking_cap for r in engine.requests] == [1000, 4000]
-    engine = Scripted([(((1,),), IDENTITY, "stop")])
+    engine = Scripted([call(IDENTITY)])
     late = Profile().schedule.hard_stop - 600  # 8 tok/s: 8 * (600 - 240) - 3000 < 0: not even a final turn
     record, _ = run_attempt(task, engine, clock=lambda: late)
-    assert record.turns == 1
-    engine = Scripted([(((1,),), IDENTITY, "stop")])
+    assert record.turns == 1 and record.grid is None and record.program == IDENTITY  # the call's checked program
+    engine = Scripted([call(IDENTITY), answer(((1,),), IDENTITY)])
     later = Profile().schedule.hard_stop - 1000  # 8 * (1000 - 240) - 3000 = 3,080 thinking tokens left
     record, _ = run_attempt(task, engine, clock=lambda: later)
     assert [r.thinking_cap for r in engine.requests] == [4000, 3080]  # the final turn, shrunk to the deadline
     profile = dataclasses.replace(Profile(), tool_agent=CONFIG,
                                   engine=EngineConfig(max_model_len=10 + 4 + 4 + 8000 + 3999))
-    engine = Scripted([(((1,),), IDENTITY, "stop")])
+    engine = Scripted([call(IDENTITY), answer(((1,),), IDENTITY)])
     with Sandbox() as box:
         attempts = Attempts(profile, {task.id: task}, engine, box, lambda *a: [5] * 10, lambda: 0.0,
                             lambda text: [EOT, 9, 9, 9, 9])
@@ -166,8 +202,10 @@ def test_budget_deadline_and_context_stop_the_turns(tasks):
     assert [r.thinking_cap for r in engine.requests] == [4000, 4000]
 
 
-def test_an_unreadable_call_counts_as_a_check_and_the_loop_goes_on(tasks):
-    engine = Scripted([(((1,),), None, "length"), (((1,),), IDENTITY, "stop"), (((2,),), ROTATE, "stop")])
+@pytest.mark.parametrize("unreadable", [call(IDENTITY, closed=False, finish="length"),  # cut by the answer limit
+                                        ("thinking ended by end of turn", "stop")])  # neither answer nor call
+def test_an_unreadable_call_counts_as_a_check_and_the_loop_goes_on(tasks, unreadable):
+    engine = Scripted([unreadable, call(IDENTITY), answer(((2,),), ROTATE)])
     record, texts = run_attempt(tasks["3c9b0459"], engine)
     assert texts[0] == NO_CALL and texts[1].startswith("check_transform: 0 of")  # told, then checked
     assert [r.thinking_cap for r in engine.requests] == [4000, 8000, 4000]  # two checks, then the final turn
@@ -175,28 +213,25 @@ def test_an_unreadable_call_counts_as_a_check_and_the_loop_goes_on(tasks):
 
 
 def test_an_infrastructure_error_without_a_grid_falls_back_to_a_direct_attempt(tasks):
-    engine = Scripted([(None, None, "error: engine died"), (((2,),), ROTATE, "stop")])
+    engine = Scripted([("", "error: engine died"), answer(((2,),), ROTATE)])
     record, texts = run_attempt(tasks["3c9b0459"], engine, cap=6000)
     assert texts == [] and len(engine.requests) == 2 and record.turns == 2
     first, direct = engine.requests
-    assert direct.prompt_ids == first.prompt_ids and direct.thinking_cap == 6000  # the plain prompt, the request's cap
+    assert direct.thinking_cap == 6000 and not direct.may_call  # the request's cap, no call
     assert record.grid == ((2,),) and record.train_perfect and not record.aborted and record.finish == "stop"
 
 
-@pytest.mark.parametrize("script", [
-    [(None, None, "aborted")],  # the hard stop: no new request
-    [(((1,),), IDENTITY, "stop"), (None, None, "error: engine died")],  # an earlier turn has a grid: it is kept
-])
-def test_no_direct_fallback_after_an_abort_or_with_a_grid(tasks, script):
-    engine = Scripted(script)
+def test_a_final_turn_lost_to_the_engine_falls_back_and_keeps_the_verified_call(tasks):
+    engine = Scripted([call(ROTATE), ("", "error: engine died"), answer(((3,),), IDENTITY)])
     record, _ = run_attempt(tasks["3c9b0459"], engine)
-    assert len(engine.requests) == len(script)
+    assert len(engine.requests) == 3 and record.grid == ((3,),) and record.train_perfect and record.program == ROTATE
+    assert not record.aborted and record.finish == "stop"
 
 
-def test_a_failed_later_turn_keeps_the_earlier_answer(tasks):
-    engine = Scripted([(((1,),), IDENTITY, "stop"), (((2,),), ROTATE, "error: engine died")])
+def test_no_direct_fallback_after_an_abort(tasks):
+    engine = Scripted([("", "aborted")])  # the hard stop: no new request
     record, _ = run_attempt(tasks["3c9b0459"], engine)
-    assert record.turns == 2 and record.grid == ((1,),) and not record.aborted and record.finish == "stop"
+    assert len(engine.requests) == 1 and record.aborted
 
 
 def test_tool_turn_continues_the_conversation_as_the_template_writes_it(tmp_path):
@@ -244,7 +279,10 @@ def test_solver_runs_the_tool_agent_on_the_tiny_model(tmp_path, arc_data):
     assert code == 0
     records = [json.loads(line) for line in log.read_text().splitlines()]
     first = [r for r in records if r["level"] == int(Level.FIRST)]
-    assert first and all(r["turns"] > 1 or r["train_perfect"] for r in first)  # random programs get their checks
+    # the random model calls or answers as it samples; the final turn's grammar admits no call, so every first
+    # attempt ends with a grid, after at most two checks
+    assert first and all(r["grid"] is not None and 1 <= r["turns"] <= 3 for r in first), first
+    print("turns of the first attempts:", [r["turns"] for r in first])
     assert all(r["thinking_tokens"] <= 48 + 40 + 32 for r in first)  # each turn within its cap
     assert all(r["turns"] == 1 for r in records if r["level"] != int(Level.FIRST))
     submission = json.loads((tmp_path / "submission.json").read_text())

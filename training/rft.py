@@ -257,7 +257,8 @@ def merge(config: TrainConfig) -> Path:
     model = AutoModelForCausalLM.from_pretrained(config.base, dtype=torch.float32)
     merged = PeftModel.from_pretrained(model, out / "adapter").merge_and_unload()
     target = out / "merged"
-    shutil.rmtree(target, ignore_errors=True)
+    for previous in ("merged", "merged-patched", "merged-quantized"):  # a merge again (another recipe) starts afresh
+        shutil.rmtree(out / previous, ignore_errors=True)
     merged.to(dtype).save_pretrained(target)
     AutoTokenizer.from_pretrained(config.base).save_pretrained(target)
     from build.patch_eot import PATCH_KEY, patch

@@ -78,8 +78,9 @@ class HFEngine:
         self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype).to(self.device).eval()
         vocab = self.model.config.vocab_size
         info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=vocab)
-        self.grammar = xgr.GrammarCompiler(info).compile_grammar(
-            answer_grammar(self.config.program_cue, self.config.program_max_chars))
+        compiler = xgr.GrammarCompiler(info)
+        self.grammars = {call: compiler.compile_grammar(
+            answer_grammar(self.config.program_cue, self.config.program_max_chars, call)) for call in (False, True)}
         self.vocab = vocab
         self.think_end = self.tokenizer.convert_tokens_to_ids(THINK_END)
         self.eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -171,7 +172,7 @@ class HFEngine:
             return token
         # ANSWER: every token under the grammar
         if seq.matcher is None:
-            seq.matcher = self.xgr.GrammarMatcher(self.grammar)
+            seq.matcher = self.xgr.GrammarMatcher(self.grammars[seq.request.may_call])
         token = self._sample_answer(seq, logits)
         if not seq.matcher.accept_token(token):
             seq.phase, seq.finish = DONE, "error: grammar rejected a masked token"  # never loop on it

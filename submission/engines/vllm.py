@@ -154,7 +154,7 @@ class VLLMEngine:
         self.think_end = self.tokenizer.convert_tokens_to_ids(THINK_END)
         end_str = forced_end(c.forced_close)
         self.forced_ids = self.tokenizer.encode(end_str, add_special_tokens=False)
-        self.grammar = answer_grammar(c.program_cue, c.program_max_chars)
+        self.grammars = {call: answer_grammar(c.program_cue, c.program_max_chars, call) for call in (False, True)}
         self.banned = banned_answer_ids(self.tokenizer)
         import torch
         from vllm import config as vllm_configs
@@ -179,8 +179,8 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
-        kwargs = sampling_kwargs(self.config, request, len(self.forced_ids), self.grammar, self.think_end, self.banned,
-                                 self._open_thinking(request.prompt_ids))
+        kwargs = sampling_kwargs(self.config, request, len(self.forced_ids), self.grammars[request.may_call],
+                                 self.think_end, self.banned, self._open_thinking(request.prompt_ids))
         kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
         params = SamplingParams(**kwargs)
         from vllm.v1.engine.exceptions import EngineDeadError

@@ -1,0 +1,78 @@
+"""The simulator's tool agent (sim/agent.py): turns and tokens per turn learned from logs, and an agent attempt run
+as the chain of requests it was (each turn re-prefilling the conversation so far)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sim.agent import TurnModel
+from sim.pool import AttemptPool, SimAttempt
+from sim.run import LatencyEngine, simulate
+from submission.attempts import AttemptRecord
+from submission.schedule import InputInfo, Level, Request, ScheduleConfig
+
+G = ((1,),)
+
+
+def record(task, attempt=1, level=Level.FIRST, turns=1, turn_tokens=(), tool_tokens=0, thinking=0, answer=0):
+    return AttemptRecord(task, 0, attempt, level, 1, 96_000, natural=True, thinking_tokens=thinking,
+                         answer_tokens=answer, grid=G, turns=turns, turn_tokens=turn_tokens, tool_tokens=tool_tokens)
+
+
+def test_turns_and_tokens_per_turn_are_learned_from_the_log():
+    logged = [record("a", turns=2, turn_tokens=(600, 400), tool_tokens=100, thinking=900, answer=100),
+              record("b", turns=2, turn_tokens=(800, 200), tool_tokens=300, thinking=900, answer=100),
+              record("c", level=Level.SECOND, thinking=5_000, answer=100)]
+    model = TurnModel.fit(logged)
+    assert list(model.shares) == [2] and model.shares[2] == pytest.approx((0.7, 0.3))
+    assert model.tool_turn == 200.0 and model.attempts == {2: 2}
+    assert model.split(logged[0]) == ((600, 400), 100)  # a logged attempt keeps its own turns
+    assert model.split(logged[2]) == ((), 0)  # one request
+    # an older log's record: turns counted but not their tokens, split as the log's two-turn attempts were
+    assert model.split(record("d", turns=2, thinking=1_900, answer=100)) == ((1_400, 600), 200)
+    assert model.split(record("e", turns=3, thinking=2_900, answer=100)) == ((1_000, 1_000, 1_000), 200)  # evenly
+    assert "2 turns x2: 70% / 30%" in model.summary() and "tool turn 200" in model.summary()
+    back = AttemptRecord.from_json(logged[0].to_json())
+    assert back == logged[0] and "turn_tokens" not in logged[2].to_json()  # one-request records stay as they were
+
+
+def test_the_pool_hands_out_an_attempts_turns():
+    pool = AttemptPool([record("a", turns=3, turn_tokens=(500, 300, 200), tool_tokens=80, thinking=900, answer=100)],
+                       {("a", 0): G, ("z", 0): G})
+    own = pool.draw(first_attempt("a"), random.Random(0))
+    assert own.turns == (500, 300, 200) and own.tool_turn == 40 and own.tokens == 1_000
+    made_up = pool.draw(first_attempt("z"), random.Random(0))  # an input with no log of its own draws the same shape
+    assert made_up.turns == (500, 300, 200) and made_up.source == "pool"
+
+
+def first_attempt(task):
+    return Request(task, 0, 1, Level.FIRST, 96_000, 1)
+
+
+def test_an_agent_attempt_runs_as_its_turns_one_after_another():
+    """Each turn is submitted when the one before finishes, its prompt grown by the earlier turns and tool turns; the
+    scheduler sees the attempt finish once, with the last turn."""
+    prompt, turns, tool = 1_000, (100, 50, 30), 20
+    submitted = []
+
+    def draw(request, rng):
+        if request.level is Level.FIRST:
+            return SimAttempt(170, 10, prompt, True, G, True, 3, (G,), "test", turns, tool)
+        return SimAttempt(170, 10, prompt, True, G, True, 3, (G,), "test")
+
+    def duration(job):  # a second per thousand tokens prefilled or generated
+        submitted.append((job.key, job.prompt, job.tokens))
+        return (job.prompt + job.tokens) / 1_000
+
+    config = ScheduleConfig(repair_caps=(), extra_min_left_s=10**6)
+    result = simulate(config, [InputInfo("a", 0, prompt, 1)], draw, LatencyEngine(duration), {("a", 0): G}, 0)
+    first = [(s, f) for r, _, s, f in result.finished if r.level is Level.FIRST]
+    assert len(first) == 1
+    assert submitted[:3] == [(("a", 0, 1, "turn", 0), 1_000, 100), (("a", 0, 1, "turn", 1), 1_120, 50),
+                             (("a", 0, 1, "turn", 2), 1_190, 30)]
+    start, end = first[0]
+    assert abs(end - start - (1_100 + 1_170 + 1_220) / 1_000) < 1e-9  # three prefills, against 1.18 s as one request
+    assert [key for key, _, _ in submitted[3:]] == [("a", 0, 2)]  # the second attempt: one request
+    assert result.tokens_generated == 180 + 180
