@@ -23,7 +23,9 @@ compressors), so the tensors are the library's byte for byte. The `quantization_
 is compressed-tensors' (one config group per scheme, explicit module names as targets). A per-tensor report
 (`quantization_report.json`: scheme, relative error of the dequantised weight) comes with the output.
 With `--calibration-tasks`, FP8 KV-cache scales calibrated on the solver's own prompts of those tasks
-(build.kv_scales) are added too, with the `kv_cache_scheme` vLLM reads.
+(build.kv_scales) are added too, with the `kv_cache_scheme` vLLM reads; they and the static input scales (observed
+only when the recipe has a static scheme) come from one layer-by-layer pass over the prompts (build.input_scales:
+one decoder layer resident, never the whole model).
 """
 
 from __future__ import annotations

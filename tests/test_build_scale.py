@@ -158,3 +158,22 @@ def test_bundle_of_the_80b_topology(next80b, weight_map, tmp_path):
     data[-1] ^= 1
     victim.write_bytes(bytes(data))
     assert verify(dataset) == ["sha256 differs: model/model-00020-of-00041.safetensors"]
+
+
+def test_split_parts_are_copied_in_bounded_blocks(tmp_path):
+    """A file split into parts is copied a block at a time: memory stays at the block, not the part (the parts of a
+    real bundle are up to 20 GiB)."""
+    import tracemalloc
+
+    from build.bundle import PART, _split
+
+    data = random.Random(0).randbytes(3 << 20)
+    (tmp_path / "shard").write_bytes(data)
+    tracemalloc.start()
+    _split(tmp_path / "shard", limit=1 << 20, block=64 << 10)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    parts = sorted(tmp_path.glob(f"shard{PART}*"))
+    assert [p.name for p in parts] == [f"shard{PART}{i:03d}" for i in range(3)] and not (tmp_path / "shard").exists()
+    assert b"".join(p.read_bytes() for p in parts) == data
+    assert peak < 512 << 10  # a 1 MiB part never held whole
