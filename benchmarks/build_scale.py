@@ -9,7 +9,8 @@ Steps, each on the previous steps' outputs: calibrate (routing statistics and RE
 layer by layer), experts (the lists of build/lists.toml from those statistics), scales (FP8 KV-cache and static input
 amax on the solver's prompts of 2 real ARC tasks, layer by layer, for a recipe with static schemes), prune (512 -> 384
 experts), quantise (moe-4xL4, with and without the per-tensor error report), patch, check_quality (reference against
-the patched quantised checkpoint), bundle (the patched checkpoint with the CPU target's wheels, verified).
+the patched quantised checkpoint), bundle (the source checkpoint with the CPU target's wheels: it needs no other
+step).
 Each runs in its own process (process start and imports included); peak RSS is that process's own. Baselines in
 the same run: a plain copy of the files, and a safetensors load + save of every shard (at tiny widths the bytes are
 few and the per-tensor cost dominates, so this is the floor a streaming converter can reach); for the bundle, a plain
@@ -71,7 +72,7 @@ def commands(work: Path, tasks: Path) -> dict[str, list[str]]:
         "patch": py + ["build.patch_eot", "--model", str(work / "q"), "--out", str(work / "patched")],
         "check_quality": py + ["build.check_quality", "--reference", str(work / "pruned"), "--candidate",
                                str(work / "patched"), "--traces", str(work / "traces.jsonl"), "--threshold", "100"],
-        "bundle": py + ["build.bundle", "--profile", "moe-4xL4", "--model", str(work / "patched"), "--out",
+        "bundle": py + ["build.bundle", "--profile", "moe-4xL4", "--model", str(work / "model"), "--out",
                         str(work / "bundle"), "--target", "cpu-py311"],
     }
 
