@@ -3,7 +3,7 @@ and 47 decoder layers (plus the MTP layer): 1x, 4x and 16x the tensors (~4.7k, ~
 per 1,000 tensors and its ratio to a plain copy of the same files measured in the same run.
 
     python benchmarks/build_scale.py [--workdir /tmp/build-scale] [--layers 2,11,47] [--steps prune,quantize,...]
-                                     [--tasks $ARC_DATA/arc-agi-2/training]
+                                     [--tasks $ARC_DATA/arc-agi-2/training] [--width 1]
 
 Steps, each on the previous steps' outputs: calibrate (routing statistics and REAP saliency of 4 traces of 62 tokens,
 layer by layer), experts (the lists of build/lists.toml from those statistics), scales (FP8 KV-cache and static input
@@ -16,6 +16,8 @@ the same run: a plain copy of the files, and a safetensors load + save of every 
 few and the per-tensor cost dominates, so this is the floor a streaming converter can reach); for the bundle, a plain
 copy of the checkpoint and the wheels it carries. Also the converter's dependency lookup as it was before issue 17
 (a scan of every name per call), timed on 200 calls and extrapolated to one call per tensor.
+With `--width N` the hidden and MLP sizes are N times the tiny ones (build.topology.WIDE): peak memory against the
+bytes of one layer, to check how the README extrapolates it to the real widths.
 Run it in the build environment (make build-env), with the CPU target's wheels fetched (make wheels).
 """
 
@@ -110,6 +112,8 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/build-scale"))
     parser.add_argument("--layers", default="2,11,47")
     parser.add_argument("--steps", default=",".join(STEPS), help="a subset of " + ",".join(STEPS))
+    parser.add_argument("--width", type=int, default=1, help="multiply the tiny hidden and MLP sizes (memory "
+                        "against the bytes of a layer)")
     parser.add_argument("--tasks", type=Path, help="ARC tasks whose prompts calibrate the scales (default: "
                         "$ARC_DATA/arc-agi-2/training)")
     args = parser.parse_args()
@@ -129,7 +133,7 @@ def main() -> None:
     for layers in map(int, args.layers.split(",")):
         work = args.workdir / f"layers{layers}"
         shutil.rmtree(work, ignore_errors=True)
-        write_topology(work / "model", "qwen3-next-80b", seed=0, layers=layers)
+        write_topology(work / "model", "qwen3-next-80b", seed=0, layers=layers, width=args.width)
         index = json.loads((work / "model" / "model.safetensors.index.json").read_text())["weight_map"]
         vocab = json.loads((work / "model" / "config.json").read_text())["vocab_size"]
         rng = random.Random(0)
