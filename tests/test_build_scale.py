@@ -109,6 +109,71 @@ def assert_one_layer_resident(folder, weight_map, steps) -> None:
     assert max(s.resident_bytes for s in steps) > fixed  # a layer was loaded
 
 
+@pytest.mark.timeout(900)  # three passes over 76k tensors: ~3 minutes on this shared machine under load
+def test_prune_quantise_check_on_the_80b_topology(next80b, tmp_path, read_tensors):
+    from safetensors import safe_open
+
+    from build.check_quality import compare
+    from build.prune import prune
+    from build.quantize import quantize
+
+    rng = random.Random(0)
+    (tmp_path / "list.json").write_text(json.dumps({"experts": [sorted(rng.sample(range(EXPERTS), KEEP))
+                                                                for _ in range(LAYERS)]}))
+    pruned = prune(next80b, tmp_path / "list.json", tmp_path / "pruned")
+    config = json.loads((pruned / "config.json").read_text())
+    assert config["num_experts"] == KEEP
+    index = json.loads((pruned / "model.safetensors.index.json").read_text())["weight_map"]
+    assert sum(1 for n in index if re.search(r"\.experts\.\d+\.", n)) == (LAYERS + 1) * KEEP * 3
+
+    # every tensor passes through the converter; the experts of the last layer and of the MTP layer are quantised
+    # (the compressor costs ~1 ms per tensor at any width: all 56k experts take minutes; the benchmark does that)
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(r"""
+[[rules]]
+pattern = '\.mlp\.experts\.\d+\.(gate|up|down)_proj$'
+layers = [47, 47]
+scheme = "NVFP4A16"
+
+[[rules]]
+pattern = '^mtp\.layers\.0\.mlp\.experts\.'
+scheme = "NVFP4A16"
+
+[[rules]]
+pattern = '\.self_attn\.(q|k|v|o)_proj$'
+scheme = "FP8_DYNAMIC"
+""")
+    quantize(pruned, recipe, tmp_path / "q", report=False)
+    groups = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]["config_groups"]
+    targets = {t: g["weights"]["num_bits"] for g in groups.values() for t in g["targets"]}
+    for layer in ("model.layers.47", "mtp.layers.0"):  # vLLM reads expert 0's scheme
+        assert targets[f"{layer}.mlp.experts.0.gate_proj"] == 4
+    assert "model.layers.46.mlp.experts.0.gate_proj" not in targets
+    assert targets["mtp.layers.0.self_attn.q_proj"] == 8
+    assert "lm_head" not in targets and "mtp.fc" not in targets  # as vLLM's MTP loader builds them
+    q_index = json.loads((tmp_path / "q" / "model.safetensors.index.json").read_text())["weight_map"]
+    with safe_open(tmp_path / "q" / q_index["mtp.layers.0.mlp.experts.5.up_proj.weight_global_scale"],
+                   framework="pt") as f:
+        up = f.get_tensor("mtp.layers.0.mlp.experts.5.up_proj.weight_global_scale")
+    with safe_open(tmp_path / "q" / q_index["mtp.layers.0.mlp.experts.5.gate_proj.weight_global_scale"],
+                   framework="pt") as f:
+        assert torch.equal(f.get_tensor("mtp.layers.0.mlp.experts.5.gate_proj.weight_global_scale"), up)
+
+    vocab = config["vocab_size"]
+    quality = compare(pruned, tmp_path / "q", traces(1, vocab, seed=3))
+    assert np.isfinite(quality.difference) and quality.nll_candidate != quality.nll_reference
+
+
+def test_quantising_lm_head_beside_mtp_is_refused(next80b, tmp_path):
+    from build.quantize import quantize
+
+    recipe = tmp_path / "head.toml"
+    recipe.write_text('[[rules]]\npattern = "^lm_head$"\nscheme = "FP8_DYNAMIC"\n')
+    with pytest.raises(ValueError, match="quantises lm_head, but .* has MTP weights"):
+        quantize(next80b, recipe, tmp_path / "q")
+    assert not (tmp_path / "q.partial").exists()
+
+
 def test_scale_calibration_with_one_layer_resident(tmp_path):
     """The FP8 KV-cache and static input scales observed with one decoder layer resident at a time, on the 80B
     topology cut to 8 layers (512 experts each; the bound is per layer, and 8 layers keep it to seconds: the
