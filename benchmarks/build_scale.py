@@ -11,11 +11,12 @@ amax on the solver's prompts of 2 real ARC tasks, layer by layer, for a recipe w
 experts), quantise (moe-4xL4, with and without the per-tensor error report), patch, check_quality (reference against
 the patched quantised checkpoint), bundle (the source checkpoint with the CPU target's wheels: it needs no other
 step).
-Each runs in its own process (process start and imports included); peak RSS is that process's own. Baselines in
-the same run: a plain copy of the files, and a safetensors load + save of every shard (at tiny widths the bytes are
-few and the per-tensor cost dominates, so this is the floor a streaming converter can reach); for the bundle, a plain
-copy of the checkpoint and the wheels it carries. Also the converter's dependency lookup as it was before issue 17
-(a scan of every name per call), timed on 200 calls and extrapolated to one call per tensor.
+Each runs in its own process (process start and imports included); peak RSS is that process's own (the parent never
+imports torch: a child's peak starts at its parent's RSS). Baselines in the same run: a plain copy of the files, and
+a safetensors load + save of every shard in a child process (at tiny widths the bytes are few and the per-tensor
+cost dominates, so this is the floor a streaming converter can reach); for the bundle, a plain copy of the
+checkpoint and the wheels it carries. Also the converter's dependency lookup as it was before issue 17 (a scan of
+every name per call), timed on 200 calls and extrapolated to one call per tensor.
 With `--width N` the hidden and MLP sizes are N times the tiny ones (build.topology.WIDE): peak memory against the
 bytes of one layer, to check how the README extrapolates it to the real widths.
 Run it in the build environment (make build-env), with the CPU target's wheels fetched (make wheels).
@@ -28,6 +29,7 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -98,13 +100,20 @@ def old_lookup_seconds(names: list[str], calls: int = 200) -> float:
     return (time.perf_counter() - start) / calls
 
 
-def roundtrip(source: Path, out: Path) -> None:
-    """Every shard loaded and saved again with safetensors: the per-tensor floor of any streaming converter."""
-    from safetensors.torch import load_file, save_file
-
-    out.mkdir()
-    for file in sorted(source.glob("*.safetensors")):
-        save_file(load_file(file), out / file.name)
+# Run in children, never here: a child's ru_maxrss starts at its parent's RSS when it forks, so a parent that had
+# imported torch and written the checkpoint (~400 MB) made every step below that read as ~400 MB.
+TOPOLOGY = """import sys
+from build.topology import write_topology
+write_topology(sys.argv[1], "qwen3-next-80b", seed=0, layers=int(sys.argv[2]), width=int(sys.argv[3]))
+"""
+ROUNDTRIP = """import sys
+from pathlib import Path
+from safetensors.torch import load_file, save_file
+source, out = Path(sys.argv[1]), Path(sys.argv[2])
+out.mkdir()
+for file in sorted(source.glob("*.safetensors")):
+    save_file(load_file(file), out / file.name)
+"""
 
 
 def main() -> None:
@@ -125,7 +134,6 @@ def main() -> None:
     unknown = sorted(set(steps) - set(STEPS))
     if unknown:
         parser.error(f"unknown steps {unknown}")
-    from build.topology import write_topology
     from offline_wheels.lock import fetch
 
     wheels = fetch("cpu-py311") if "bundle" in steps else None
@@ -133,7 +141,8 @@ def main() -> None:
     for layers in map(int, args.layers.split(",")):
         work = args.workdir / f"layers{layers}"
         shutil.rmtree(work, ignore_errors=True)
-        write_topology(work / "model", "qwen3-next-80b", seed=0, layers=layers, width=args.width)
+        subprocess.run([sys.executable, "-c", TOPOLOGY, str(work / "model"), str(layers), str(args.width)],
+                       cwd=REPO, check=True, capture_output=True)
         index = json.loads((work / "model" / "model.safetensors.index.json").read_text())["weight_map"]
         vocab = json.loads((work / "model" / "config.json").read_text())["vocab_size"]
         rng = random.Random(0)
@@ -147,8 +156,9 @@ def main() -> None:
         start = time.perf_counter()
         shutil.copytree(work / "model", work / "copy")
         copy_s = time.perf_counter() - start
-        start = time.perf_counter()
-        roundtrip(work / "model", work / "roundtrip")
+        start = time.perf_counter()  # every shard loaded and saved again: the per-tensor floor of a converter
+        subprocess.run([sys.executable, "-c", ROUNDTRIP, str(work / "model"), str(work / "roundtrip")], cwd=REPO,
+                       check=True)
         roundtrip_s = time.perf_counter() - start
         row = {"layers": layers, "tensors": len(index), "bytes": size, "copy_s": copy_s, "roundtrip_s": roundtrip_s,
                "old_lookup_s": old_lookup_seconds(sorted(index)) * len(index)}
