@@ -49,12 +49,18 @@ def _provenance(model: Path) -> dict:
     return out
 
 
-def _split(path: Path, limit: int) -> None:
+def _split(path: Path, limit: int, block: int = 64 << 20) -> None:
+    """`path` into numbered parts of `limit` bytes, copied `block` bytes at a time (a part of 20 GiB read at once
+    would need 20 GiB of memory)."""
+    size = path.stat().st_size
     with open(path, "rb") as f:
-        number = 0
-        while chunk := f.read(limit):
-            (path.parent / f"{path.name}{PART}{number:03d}").write_bytes(chunk)
-            number += 1
+        for number, start in enumerate(range(0, size, limit)):
+            with open(path.parent / f"{path.name}{PART}{number:03d}", "wb") as part:
+                left = min(limit, size - start)
+                while left:
+                    piece = f.read(min(block, left))
+                    part.write(piece)
+                    left -= len(piece)
     path.unlink()
 
 

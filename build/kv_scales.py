@@ -5,7 +5,9 @@ vLLM stores keys and values in FP8 (`kv_cache_dtype="fp8"`) with a per-layer sca
 amax / 448 (the E4M3 maximum) over the calibration tokens. Values are the v_proj outputs. Keys are cached after
 RoPE, which rotates each pair (i, i + d/2) of a head's dimensions: the largest post-RoPE component is bounded by the
 largest norm of such a pair of the pre-RoPE keys (after q/k norm), so that bound is used: exact for some position,
-never too small. Layers without softmax attention (linear attention) have no KV cache and get no scales.
+never too small. Layers without softmax attention (linear attention) have no KV cache and get no scales. The model
+runs one decoder layer at a time from its shards (build.layerwise), with the static input scales when a recipe needs
+them (build.input_scales.activation_amax): memory is one layer plus the prompts' hidden states.
 """
 
 from __future__ import annotations
@@ -26,18 +28,18 @@ def calibration_prompts(model_dir: str | Path, tasks, samples: int) -> list[list
     return [render(tokenizer, task, 0, PromptConfig())[1] for task in list(tasks)[:samples]]
 
 
-def kv_amax(model_dir: str | Path, prompts: list[list[int]], device: str = "cpu") -> dict[str, tuple[float, float]]:
-    """Per attention module name (`model.layers.N.self_attn`): (key bound, value amax) over the prompts."""
+def observe_kv(root, prefix: str, amax: dict[str, list[float]]) -> list:
+    """Hooks on every attention module under `root` (a module with k_proj and v_proj) that raise
+    `amax[prefix + its name]` = [key bound, value amax]; returns the handles. `root` is a whole model (prefix "") or
+    one decoder layer."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
-    amax: dict[str, list[float]] = {}
     handles = []
-    for name, module in model.named_modules():
+    for name, module in root.named_modules():
         if not (hasattr(module, "k_proj") and hasattr(module, "v_proj")):
             continue
-        amax[name] = [0.0, 0.0]
+        name = prefix + name
+        amax.setdefault(name, [0.0, 0.0])
         head_dim = module.head_dim
 
         def keys(_m, _a, out, name=name, head_dim=head_dim):
@@ -51,12 +53,15 @@ def kv_amax(model_dir: str | Path, prompts: list[list[int]], device: str = "cpu"
 
         source = module.k_norm if hasattr(module, "k_norm") else module.k_proj
         handles += [source.register_forward_hook(keys), module.v_proj.register_forward_hook(values)]
-    with torch.no_grad():
-        for ids in prompts:
-            model(torch.tensor([ids], device=device))
-    for handle in handles:
-        handle.remove()
-    return {name: (k, v) for name, (k, v) in amax.items()}
+    return handles
+
+
+def kv_amax(model_dir: str | Path, prompts: list[list[int]], device: str = "cpu") -> dict[str, tuple[float, float]]:
+    """Per attention module name (`model.layers.N.self_attn`): (key bound, value amax) over the prompts, layer by
+    layer (build.input_scales.activation_amax: one decoder layer resident)."""
+    from build.input_scales import activation_amax
+
+    return activation_amax(model_dir, prompts, device, inputs=False).kv
 
 
 def scales(amax: dict[str, tuple[float, float]]) -> dict[str, float]:

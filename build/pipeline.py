@@ -19,7 +19,7 @@ from pathlib import Path
 from build.bundle import PLACEHOLDER_ID, bundle, choose_dataset_id, upload_advice, verify
 from build.patch_eot import PATCH_KEY, patch
 from build.prune import prune
-from build.quantize import quantize
+from build.quantize import calibrated_scales, quantize
 
 
 def run(profile: str, target: str, out: Path, model: Path | None = None, expert_list: Path | None = None,
@@ -35,12 +35,9 @@ def run(profile: str, target: str, out: Path, model: Path | None = None, expert_
     if recipe is not None:
         kv = amax = None
         if calibration_tasks is not None:
-            from build.input_scales import input_amax
-            from build.kv_scales import calibration_prompts, kv_amax, scales
             from submission.tasks import load_tasks
 
-            prompts = calibration_prompts(model, load_tasks(calibration_tasks).tasks, 256)
-            kv, amax = scales(kv_amax(model, prompts)), input_amax(model, prompts)
+            kv, amax = calibrated_scales(model, recipe, load_tasks(calibration_tasks).tasks, 256)
         quantize(model, recipe, steps / "quantized", kv, amax)
         model = steps / "quantized"
     if PATCH_KEY not in json.loads((model / "config.json").read_text()):

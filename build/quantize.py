@@ -23,7 +23,9 @@ compressors), so the tensors are the library's byte for byte. The `quantization_
 is compressed-tensors' (one config group per scheme, explicit module names as targets). A per-tensor report
 (`quantization_report.json`: scheme, relative error of the dequantised weight) comes with the output.
 With `--calibration-tasks`, FP8 KV-cache scales calibrated on the solver's own prompts of those tasks
-(build.kv_scales) are added too, with the `kv_cache_scheme` vLLM reads.
+(build.kv_scales) are added too, with the `kv_cache_scheme` vLLM reads; they and the static input scales (observed
+only when the recipe has a static scheme) come from one layer-by-layer pass over the prompts (build.input_scales:
+one decoder layer resident, never the whole model).
 """
 
 from __future__ import annotations
@@ -341,6 +343,18 @@ def quantize(model: str | Path, recipe_path: str | Path, out: str | Path,
     return quantizer.report
 
 
+def calibrated_scales(model: str | Path, recipe_path: str | Path, tasks, samples: int, on_step=None
+                      ) -> tuple[dict[str, float], dict[str, float] | None]:
+    """FP8 KV-cache scales, and the static input amax if the recipe has a static scheme, from the solver's prompts of
+    up to `samples` tasks, in one layer-by-layer pass (build.input_scales: one decoder layer resident)."""
+    from build.input_scales import activation_amax
+    from build.kv_scales import calibration_prompts, scales
+
+    static = any(rule.scheme in STATIC for rule in load_recipe(recipe_path).rules)
+    found = activation_amax(model, calibration_prompts(model, tasks, samples), inputs=static, on_step=on_step)
+    return scales(found.kv), found.inputs if static else None
+
+
 def dequantize_checkpoint(model: str | Path, out: str | Path) -> Path:
     """A quantised checkpoint back to BF16 safetensors (compressed-tensors' dequantizer, streamed): what transformers
     loads where no kernel exists (the likelihood check, CPU tests)."""
@@ -368,13 +382,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         kv = amax = None
         if args.calibration_tasks:
-            from build.input_scales import input_amax
-            from build.kv_scales import calibration_prompts, kv_amax, scales
+            from submission.progress import ProgressLine
             from submission.tasks import load_tasks
 
-            prompts = calibration_prompts(args.model, load_tasks(args.calibration_tasks).tasks, args.samples)
-            kv = scales(kv_amax(args.model, prompts))
-            amax = input_amax(args.model, prompts)
+            line = ProgressLine()
+            try:
+                kv, amax = calibrated_scales(args.model, args.recipe, load_tasks(args.calibration_tasks).tasks,
+                                             args.samples, lambda s: line.update(
+                                                 f"calibrating scales: chunk {s.chunk + 1}, layer {s.layer + 1}"))
+            finally:
+                line.close()
         report = quantize(args.model, args.recipe, args.out, kv, amax, not args.no_report)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -142,9 +142,13 @@ def tensor_plan(config: dict, template: dict, mtp_layers: int) -> list[tuple[str
     return rows
 
 
-def write_topology(out: str | Path, name: str, seed: int = 0, layers: int | None = None) -> Path:
+WIDE = ("hidden_size", "intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size")
+
+
+def write_topology(out: str | Path, name: str, seed: int = 0, layers: int | None = None, width: int = 1) -> Path:
     """Write the tokenizer, config and sharded random weights of topology `name` to `out`; `layers` overrides the
-    decoder layer count (benchmarks/build_scale.py scales the tensor count with it)."""
+    decoder layer count (benchmarks/build_scale.py scales the tensor count with it), `width` multiplies the tiny
+    hidden and MLP sizes (`WIDE`; it measures memory against the bytes of a layer)."""
     import torch
     from safetensors.torch import save_file
 
@@ -160,6 +164,7 @@ def write_topology(out: str | Path, name: str, seed: int = 0, layers: int | None
     config = tiny_config(topology, len(tokenizer), eos_id, pad_id)
     if layers is not None:
         config["num_hidden_layers"] = layers
+    config.update({key: config[key] * width for key in WIDE if key in config})
     torch.manual_seed(seed)
     with tempfile.TemporaryDirectory(prefix="topology-template-") as folder:
         template = _template(config, Path(folder))

@@ -79,28 +79,34 @@ def test_dense_topology_loads_in_transformers(tmp_path):
 def test_calibrate_with_one_layer_resident(next80b, weight_map, tmp_path):
     """Statistics over all 48 MoE layers while at most one decoder layer's weights (plus the embedding and the final
     norm) are ever resident."""
-    from safetensors import safe_open
-
     from build.calibrate import calibrate
-
-    def layer_bytes(prefix: str) -> int:
-        total = 0
-        for name, file in weight_map.items():
-            if name.startswith(prefix):
-                with safe_open(next80b / file, framework="pt") as f:
-                    total += int(np.prod(f.get_slice(name).get_shape())) * 4  # float32 in memory
-        return total
 
     resident = []
     vocab = json.loads((next80b / "config.json").read_text())["vocab_size"]
     stats = calibrate(next80b, traces(2, vocab), tmp_path / "stats.npz", on_step=lambda s: resident.append(s))
     assert stats.counts.shape == (2, 8, LAYERS, EXPERTS) and stats.mtp_router_norms.shape == (1, EXPERTS)
     assert np.array_equal(stats.counts.sum(axis=(1, 3)), np.full((2, LAYERS), 62 * 10))  # tokens x top-10
+    assert len(resident) == LAYERS
+    assert_one_layer_resident(next80b, weight_map, resident)
+
+
+def assert_one_layer_resident(folder, weight_map, steps) -> None:
+    """At most the embedding, the final norm and the largest decoder layer (in float32) were ever resident, and
+    some layer was."""
+    from safetensors import safe_open
+
+    def layer_bytes(prefix: str) -> int:
+        total = 0
+        for name, file in weight_map.items():
+            if name.startswith(prefix):
+                with safe_open(folder / file, framework="pt") as f:
+                    total += int(np.prod(f.get_slice(name).get_shape())) * 4  # float32 in memory
+        return total
+
     fixed = layer_bytes("model.embed_tokens.") + layer_bytes("model.norm.")
     largest = max(layer_bytes(f"model.layers.{i}.") for i in (0, 3))  # a linear- and a full-attention layer
-    assert len(resident) == LAYERS
-    assert max(s.resident_bytes for s in resident) <= fixed + largest
-    assert max(s.resident_bytes for s in resident) > fixed  # a layer was loaded
+    assert max(s.resident_bytes for s in steps) <= fixed + largest
+    assert max(s.resident_bytes for s in steps) > fixed  # a layer was loaded
 
 
 @pytest.mark.timeout(900)  # three passes over 76k tensors: ~3 minutes on this shared machine under load
@@ -166,3 +172,73 @@ def test_quantising_lm_head_beside_mtp_is_refused(next80b, tmp_path):
     with pytest.raises(ValueError, match="quantises lm_head, but .* has MTP weights"):
         quantize(next80b, recipe, tmp_path / "q")
     assert not (tmp_path / "q.partial").exists()
+
+
+def test_scale_calibration_with_one_layer_resident(tmp_path):
+    """The FP8 KV-cache and static input scales observed with one decoder layer resident at a time, on the 80B
+    topology cut to 8 layers (512 experts each; the bound is per layer, and 8 layers keep it to seconds: the
+    48-layer pass is benchmarks/build_scale.py's `scales` step, with its peak RSS)."""
+    from build.input_scales import activation_amax
+
+    layers = 8
+    folder = write_topology(tmp_path / "model", "qwen3-next-80b", seed=0, layers=layers)
+    weight_map = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    resident = []
+    found = activation_amax(folder, [t["token_ids"] for t in traces(2, vocab, seed=1)], on_step=resident.append)
+    assert len(resident) == layers
+    assert_one_layer_resident(folder, weight_map, resident)
+    assert sorted(found.kv) == [f"model.layers.{i}.self_attn" for i in (3, 7)]  # full attention every 4th layer
+    assert all(k > 0 and v > 0 for k, v in found.kv.values())
+    routed = {int(n.split(".")[2]) for n in found.inputs if ".mlp.experts." in n}
+    assert routed == set(range(layers)) and found.inputs["lm_head"] > 0
+    assert not any(n.startswith("mtp.") for n in found.inputs)  # transformers' model has no MTP layer
+
+
+def test_bundle_of_the_80b_topology(next80b, weight_map, tmp_path):
+    """build.bundle on the 76k-tensor checkpoint: every shard in the manifest with the source's own checksum, every
+    tensor of the index in the bundled shards, and a changed byte in one of 41 shards is named by verify."""
+    from safetensors import safe_open
+
+    from build.bundle import bundle, verify
+    from offline_wheels.lock import sha256
+
+    dataset = bundle("moe-4xL4", next80b, tmp_path / "dataset", target="cpu-py311")
+    assert verify(dataset) == []
+    files = json.loads((dataset / "manifest.json").read_text())["files"]
+    shards = sorted(p.name for p in next80b.iterdir())
+    assert sorted(name[len("model/"):] for name in files if name.startswith("model/")) == shards
+    for name in shards:
+        assert files[f"model/{name}"]["sha256"] == sha256(next80b / name), name
+    index = json.loads((dataset / "model" / "model.safetensors.index.json").read_text())["weight_map"]
+    assert index == weight_map
+    found = {}
+    for shard in sorted((dataset / "model").glob("*.safetensors")):
+        with safe_open(shard, framework="pt") as f:
+            found.update({name: shard.name for name in f.keys()})
+    assert found == weight_map and len(found) > 75_000
+
+    victim = dataset / "model" / "model-00020-of-00041.safetensors"
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 1
+    victim.write_bytes(bytes(data))
+    assert verify(dataset) == ["sha256 differs: model/model-00020-of-00041.safetensors"]
+
+
+def test_split_parts_are_copied_in_bounded_blocks(tmp_path):
+    """A file split into parts is copied a block at a time: memory stays at the block, not the part (the parts of a
+    real bundle are up to 20 GiB)."""
+    import tracemalloc
+
+    from build.bundle import PART, _split
+
+    data = random.Random(0).randbytes(3 << 20)
+    (tmp_path / "shard").write_bytes(data)
+    tracemalloc.start()
+    _split(tmp_path / "shard", limit=1 << 20, block=64 << 10)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    parts = sorted(tmp_path.glob(f"shard{PART}*"))
+    assert [p.name for p in parts] == [f"shard{PART}{i:03d}" for i in range(3)] and not (tmp_path / "shard").exists()
+    assert b"".join(p.read_bytes() for p in parts) == data
+    assert peak < 512 << 10  # a 1 MiB part never held whole

@@ -99,3 +99,35 @@ def test_quantised_modules_dequantise_in_memory_as_the_library_does(tmp_path, re
         assert torch.equal(layer[name], tensor), name
     assert not torch.equal(layer["mlp.experts.0.up_proj.weight"],
                            read_tensors(source)["model.layers.1.mlp.experts.0.up_proj.weight"])  # it was quantised
+
+
+def test_layered_scale_calibration_equals_whole_model_hooks(checkpoint):
+    """The static input amax and the KV amax observed one layer at a time (in chunks of prompts) equal the same hooks
+    on the whole model in transformers: every module, every value."""
+    from build.input_scales import activation_amax, observe_inputs
+    from build.kv_scales import observe_kv
+
+    vocab = json.loads((checkpoint / "config.json").read_text())["vocab_size"]
+    prompts = [t["token_ids"] for t in traces(4, vocab, seed=5)]
+    steps = []
+    got = activation_amax(checkpoint, prompts, chunk_tokens=70, on_step=steps.append)
+    assert len({s.chunk for s in steps}) > 1  # several chunks of prompts
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    inputs, kv = {}, {}
+    handles = observe_inputs(model, "", inputs) + observe_kv(model, "", kv)
+    with torch.no_grad():
+        for ids in prompts:
+            model(torch.tensor([ids]))
+    for handle in handles:
+        handle.remove()
+    assert sorted(got.inputs) == sorted(inputs) and sorted(got.kv) == sorted(kv)
+    assert kv and "lm_head" in inputs and all(v > 0 for v in inputs.values())
+    for name, value in inputs.items():
+        assert got.inputs[name] == pytest.approx(value, rel=1e-5), name
+    for name, (k, v) in kv.items():
+        assert got.kv[name] == pytest.approx((k, v), rel=1e-5), name
+    if model.config.model_type != "qwen3":  # a MoE: routed experts are observed under their checkpoint names
+        assert any(".mlp.experts.0.down_proj" in name for name in got.inputs)
+    only_kv = activation_amax(checkpoint, prompts, inputs=False)
+    assert only_kv.inputs == {} and only_kv.kv == got.kv  # the same forward, without the input hooks
