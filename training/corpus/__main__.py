@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from rich.progress import track
 
-from training.corpus import admission, audit, dsl, generate, scenes
+from training.corpus import admission, audit, dsl, generate, rules, scenes
 
 DEFAULT_ARC_DATA = Path(os.environ.get("ARC_DATA", Path(__file__).resolve().parents[3] / "shared" / "arc-data"))
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from training.corpus import dsl, oracle
+from training.corpus import dsl, oracle, rules
 from training.corpus.dsl import Program
 
 MIN_VALID = 16
@@ -84,7 +84,7 @@ def behaviours(program: Program, probes: tuple[np.ndarray, ...], conjugates: int
     for g in range(conjugates):
         for i, probe in enumerate(probes):
             try:
-                out[g, i] = code(dihedral_inverse(oracle.run(program, conjugate_input(probe, g)), g))
+                out[g, i] = code(dihedral_inverse(rules.run(program, conjugate_input(probe, g)), g))
             except oracle.OracleError as err:
                 out[g, i] = error_code(err)
     return out
@@ -160,7 +160,8 @@ class Admitter:
         self.funnel[verdict.reason] += 1
         if verdict.reason == "admitted":
             if len(self.ids) == self._rows.shape[0]:
-                self._rows = np.concatenate([self._rows, np.empty_like(self._rows)])
+                more = np.empty((max(len(self._rows), 1024), self.n_slots), dtype=np.int64)  # restored may be empty
+                self._rows = np.concatenate([self._rows, more])
             self._rows[len(self.ids)] = conjugates[0]
             self.ids.append(rule)
         return verdict
@@ -173,9 +174,10 @@ class Admitter:
 
 
 def redundant_stages(program: Program, probes: tuple[np.ndarray, ...]) -> list[str]:
-    """Stages whose neutral form (dsl.neutralised) has the same raw behaviour as the program on every probe."""
+    """Stages whose neutral form, and components whose removal (a composite's `dropped()`), leave the raw
+    behaviour as it is on every probe."""
     own = raw_behaviour(program, probes)
-    return [stage for stage, plain in dsl.neutralised(program)
+    return [stage for stage, plain in program.neutralised() + program.dropped()
             if np.array_equal(raw_behaviour(plain, probes), own)]
 
 
