@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from submission.tasks import load_tasks
 from training.corpus import compose, dsl, gate, generate, oracle, rules, scenes
 from training.corpus.compose import Select, Sequential
 from training.corpus.family_count import CountPack
@@ -83,6 +84,10 @@ def test_generate_reports_depths_and_a_killed_run_resumes_to_the_same_bytes(tmp_
     rows = [json.loads(line) for line in (whole / "manifest.jsonl").read_text().splitlines()]
     assert len(rows) == counts["accepted"] and {r["depth"] for r in rows} <= {1, 2}
     assert (whole / "corpus.png").read_bytes()[:4] == b"\x89PNG"
+    # the task folder is a task source where the kit consumes tasks (training.traces, build.traces, grid_tune)
+    loaded = load_tasks(whole / "tasks")
+    assert not loaded.errors and sorted(t.id for t in loaded.tasks) == sorted(r["task"] for r in rows)
+    assert all(len(t.train) == 5 and t.test_outputs is not None for t in loaded.tasks)
 
     killed = tmp_path / "killed"
     real_gate, real_measure, calls = generate._gate_rule, generate._measure, []
