@@ -75,3 +75,7 @@ def main() -> None:
     print(f"search time ratio / size ratio at {sizes[-1]}: {worst:.2f} (target <= 1.5: "
           f"{'met' if worst <= 1.5 else 'missed'})")
     raise SystemExit(0 if worst <= 1.5 else 1)
+
+
+if __name__ == "__main__":
+    main()
