@@ -74,7 +74,8 @@ def test_count_pack_counts_by_feature_and_connectivity_and_packs():
     assert family_count.run(CountPack("single_cell", "row", "mark", 4), KEYED).tolist() == [[3, 3, 3, 3, 3]]
     assert family_count.run(CountPack("single_cell", "row", "colour", 8), KEYED).tolist() == [[4, 7]]
     assert family_count.run(CountPack("any", "square", "colour", 8), KEYED).tolist() == [[4, 5], [4, 7]]
-    assert family_count.run(CountPack("on_border", "column", "mark", 4), KEYED).shape == (4, 1)  # the pair, (3,0), (4,1), (4,4)
+    # on the border: the pair, (3,0), (4,1), (4,4)
+    assert family_count.run(CountPack("on_border", "column", "mark", 4), KEYED).shape == (4, 1)
     with pytest.raises(oracle.EmptyMask):
         family_count.run(CountPack("holed", "row", "mark", 4), KEYED)
 

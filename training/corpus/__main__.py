@@ -3,8 +3,9 @@ python -m training.corpus generate --families select_mask_render,count_pack,symm
     --depth 2 --tasks-per-rule 2 --seed 0 --workers 2 --out runs/corpus
 python -m training.corpus audit runs/corpus [--arc-data ../shared/arc-data]
 
-`admit`: admission over sampled select-mask-render programs on that family's bank; writes `rules.jsonl` (one admitted rule per line, id and
-canonical JSON, in admission order), `funnel.json` and `funnel.png` (candidates per verdict), and prints the funnel.
+`admit`: admission over sampled select-mask-render programs on that family's bank; writes `rules.jsonl` (one
+admitted rule per line, id and canonical JSON, in admission order), `funnel.json` and `funnel.png` (candidates per
+verdict), and prints the funnel.
 `generate`: gated ARC tasks and a manifest (training/corpus/generate.py). Same seed, same bytes; a killed run started
 again with the same arguments continues from its checkpoints.
 `audit`: replays every gate and looks for leaks of public ARC data (training/corpus/audit.py); exit 1 on a finding.

@@ -5,10 +5,11 @@ Every program, of any family (`family_*.py`) or composite (`compose.py`), has th
 `family`, `produces` ("scene": a picture the size of the body, which can be keyed again; "crop": anything else),
 `to_dict()`, `variants()` (one-node variants), `neutralised()` (stage -> the program with it neutral) and
 `dropped()` (component -> the program without it; empty for a single rule). `rules.py` reads and runs any of them.
-A select-mask-render program reads an input whose palette key names the background and the mark colour, picks ONE connected component of
-the body by a metric and min/max, turns its cells into a mask with an operator and an amount, applies optional post
-operations to the mask, and renders the mask. Every stage is a typed value from a closed vocabulary, so a program is
-validated when it is read, and one-node variants (for the task gate) are enumerable.
+A select-mask-render program reads an input whose palette key names the background and the mark colour, picks ONE
+connected component of the body by a metric and min/max, turns its cells into a mask with an operator and an
+amount, applies optional post operations to the mask, and renders the mask. Every stage is a typed value from a
+closed vocabulary, so a program is validated when it is read, and one-node variants (for the task gate) are
+enumerable.
 """
 
 from __future__ import annotations

@@ -113,7 +113,10 @@ def random_scene(rng: np.random.Generator) -> np.ndarray:
     h, w = int(rng.integers(5, 14)), int(rng.integers(5, 14))
     body = np.full((h, w), bg, dtype=np.int8)
     for _ in range(int(rng.integers(2, 6))):
-        bh, bw = (1, int(rng.integers(2, w))) if rng.random() < 0.4 else (int(rng.integers(1, 4)), int(rng.integers(1, 4)))
+        if rng.random() < 0.4:
+            bh, bw = 1, int(rng.integers(2, w))
+        else:
+            bh, bw = int(rng.integers(1, 4)), int(rng.integers(1, 4))
         if rng.random() < 0.5:
             bh, bw = bw, bh
         bh, bw = min(bh, h), min(bw, w)
