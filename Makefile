@@ -23,7 +23,7 @@ UPY       := $(UNSLOTH_VENV)/bin/python
 export ARC_DATA
 
 .PHONY: env engine-env build-env unsloth-env vllm-gpu-wheel grid-dry-run both-dry-run prune-demo wheels bundle train-rft train-grid \
-	test test-core dry-run simulate demo bench clean
+	test test-core dry-run simulate demo corpus-demo bench clean
 
 env: $(VENV)/.installed
 
@@ -194,6 +194,15 @@ train-grid: build-env
 	    --out $(GT)/run --steps 16 --checkpoint-every 4 --rank 8 --lr 3e-3 --max-len 2048
 	$(BPY) -m training.grid_tune --model $(GT)/grid --out $(GT)/run --merge
 
+# Synthetic ARC tasks from typed rules (training/corpus/README.md): four families and depth-2 composites, gated on both
+# cores, then audited against $(ARC_DATA). Prints the admission and gate rates per depth; writes corpus.png. Killed,
+# the same command continues from its checkpoints (make clean, or another CORPUS, to start afresh).
+CORPUS = $(OUT)/corpus-demo
+corpus-demo: env
+	$(PY) -m training.corpus generate --rules 16 --depth 2 --tasks-per-rule 4 --tries 2 --seed 0 --workers 2 \
+	    --out $(CORPUS)
+	$(PY) -m training.corpus audit $(CORPUS) --arc-data $(ARC_DATA)
+
 # Every benchmark runs (each prints its ratios and targets); the verb fails at the end if any missed a target.
 MISSED = $(OUT)/bench-missed.txt
 bench: env build-env
@@ -205,6 +214,7 @@ bench: env build-env
 	$(BPY) benchmarks/quantize_throughput.py || echo quantize_throughput >> $(MISSED)
 	$(BPY) benchmarks/grid_throughput.py || echo grid_throughput >> $(MISSED)
 	$(BPY) benchmarks/build_scale.py || echo build_scale >> $(MISSED)
+	$(PY) benchmarks/corpus_admission.py || echo corpus_admission >> $(MISSED)
 	@if [ -f $(MISSED) ]; then echo "missed a target or failed: $$(tr '\n' ' ' < $(MISSED))"; exit 1; fi
 
 clean:

@@ -1,10 +1,13 @@
 """python -m training.corpus admit --candidates 300 --seed 0 --out runs/corpus-admit
-python -m training.corpus generate --rules 20 --tasks-per-rule 2 --seed 0 --out runs/corpus
+python -m training.corpus generate --families select_mask_render,count_pack,symmetry_repair,rays --rules 20 \
+    --depth 2 --tasks-per-rule 2 --seed 0 --workers 2 --out runs/corpus
 python -m training.corpus audit runs/corpus [--arc-data ../shared/arc-data]
 
-`admit`: admission over sampled select-mask-render programs; writes `rules.jsonl` (one admitted rule per line, id and
-canonical JSON, in admission order), `funnel.json` and `funnel.png` (candidates per verdict), and prints the funnel.
-`generate`: gated ARC tasks and a manifest (training/corpus/generate.py). Same seed, same bytes.
+`admit`: admission over sampled select-mask-render programs on that family's bank; writes `rules.jsonl` (one
+admitted rule per line, id and canonical JSON, in admission order), `funnel.json` and `funnel.png` (candidates per
+verdict), and prints the funnel.
+`generate`: gated ARC tasks and a manifest (training/corpus/generate.py). Same seed, same bytes; a killed run started
+again with the same arguments continues from its checkpoints.
 `audit`: replays every gate and looks for leaks of public ARC data (training/corpus/audit.py); exit 1 on a finding.
 `probe` is still to come (README in this folder).
 """
@@ -19,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from rich.progress import track
 
-from training.corpus import admission, audit, dsl, generate, scenes
+from training.corpus import admission, audit, dsl, generate, rules, scenes
 
 DEFAULT_ARC_DATA = Path(os.environ.get("ARC_DATA", Path(__file__).resolve().parents[3] / "shared" / "arc-data"))
 
@@ -89,9 +92,12 @@ def main(argv: list[str] | None = None) -> None:
     p_admit.add_argument("--seed", type=int, default=0)
     p_admit.add_argument("--out", type=Path, required=True)
     p_gen = sub.add_parser("generate", help="admit rules and write gated ARC tasks with a manifest")
-    p_gen.add_argument("--families", default="select_mask_render",
-                       help=f"comma-separated; available: {', '.join(dsl.FAMILIES)}")
-    p_gen.add_argument("--rules", type=int, default=20)
+    p_gen.add_argument("--families", default=",".join(rules.FAMILIES),
+                       help=f"comma-separated; available: {', '.join(rules.FAMILIES)}")
+    p_gen.add_argument("--rules", type=int, default=20, help="rules admitted at each depth")
+    p_gen.add_argument("--depth", type=int, default=1, help="composites of up to this many rules (1: none)")
+    p_gen.add_argument("--tries", type=int, default=3, help="task proposals per task")
+    p_gen.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     p_gen.add_argument("--tasks-per-rule", type=int, default=2)
     p_gen.add_argument("--seed", type=int, default=0)
     p_gen.add_argument("--out", type=Path, required=True)
@@ -112,12 +118,36 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "admit":
         print(funnel_table(admit(args.candidates, args.seed, args.out)))
         return
-    unknown = sorted(set(args.families.split(",")) - set(dsl.FAMILIES))
+    families = args.families.split(",")
+    unknown = sorted(set(families) - set(rules.FAMILIES))
     if unknown:
-        parser.error(f"--families: {unknown} not available (have {list(dsl.FAMILIES)})")
-    counts = generate.generate(args.rules, args.tasks_per_rule, args.seed, args.out)
-    print("\n".join(["| gate verdict | tasks |", "| --- | --- |", *(f"| {k} | {v} |" for k, v in
-                                                            sorted(counts.items()))]))
+        parser.error(f"--families: {unknown} not available (have {list(rules.FAMILIES)})")
+    if args.depth < 1 or args.rules < 1 or args.workers < 1:
+        parser.error("--depth, --rules and --workers must be >= 1")
+    generate.generate(args.rules, args.tasks_per_rule, args.seed, args.out, tries=args.tries, families=families,
+                      depth=args.depth, workers=args.workers)
+    print(depth_table(json.loads((args.out / "gate.json").read_text())))
+    print(f"wrote {args.out}/gate.json and {args.out}/corpus.png")
+
+
+def depth_table(report: dict) -> str:
+    """Admission and gate rates per depth, from gate.json.
+
+    >>> print(depth_table({"by_depth": {"1": {"admission": {"admitted": 3, "near_raw": 1},
+    ...                                       "gate": {"accepted": 2, "shortcut": 2}}}}))
+    | depth | candidates | admitted | admission rate | task attempts | accepted | gate rate | rejections |
+    | --- | --- | --- | --- | --- | --- | --- | --- |
+    | 1 | 4 | 3 | 75% | 4 | 2 | 50% | shortcut 2 |
+    """
+    rows = ["| depth | candidates | admitted | admission rate | task attempts | accepted | gate rate | rejections |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for depth, part in sorted(report["by_depth"].items()):
+        cands, adm = sum(part["admission"].values()), part["admission"].get("admitted", 0)
+        tries, acc = sum(part["gate"].values()), part["gate"].get("accepted", 0)
+        rejected = ", ".join(f"{k} {v}" for k, v in sorted(part["gate"].items()) if k != "accepted")
+        rows.append(f"| {depth} | {cands} | {adm} | {adm / max(cands, 1):.0%} | {tries} | {acc} | "
+                    f"{acc / max(tries, 1):.0%} | {rejected} |")
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":

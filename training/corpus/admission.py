@@ -18,10 +18,11 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
-from training.corpus import dsl, oracle
+from training.corpus import dsl, oracle, rules
 from training.corpus.dsl import Program
 
 MIN_VALID = 16
@@ -73,9 +74,25 @@ def error_code(err: oracle.OracleError) -> int:
     return -1 - oracle.ERRORS.index(type(err))
 
 
+_BANKS: dict[bytes, tuple[np.ndarray, ...]] = {}
+
+
 def raw_behaviour(program: Program, probes: tuple[np.ndarray, ...]) -> np.ndarray:
-    """The (n_probes,) raw behaviour vector alone (row 0 of `behaviours`, 8 times cheaper)."""
-    return behaviours(program, probes, conjugates=1)[0]
+    """The (n_probes,) raw behaviour vector alone (row 0 of `behaviours`, 8 times cheaper), read-only.
+
+    Memoised by (program, the bank's content): the gate asks for the same one-node variants when it proposes a
+    task and again when it judges it (measured: a third of a small generate run was such repeats)."""
+    digest = hashlib.blake2b(b"".join(bytes(p.shape) + np.ascontiguousarray(p, dtype=np.int8).tobytes()
+                                      for p in probes), digest_size=16).digest()
+    _BANKS.setdefault(digest, probes)
+    return _raw_cached(program, digest)
+
+
+@lru_cache(maxsize=1 << 15)
+def _raw_cached(program: Program, digest: bytes) -> np.ndarray:
+    out = behaviours(program, _BANKS[digest], conjugates=1)[0]
+    out.flags.writeable = False
+    return out
 
 
 def behaviours(program: Program, probes: tuple[np.ndarray, ...], conjugates: int = 8) -> np.ndarray:
@@ -84,7 +101,7 @@ def behaviours(program: Program, probes: tuple[np.ndarray, ...], conjugates: int
     for g in range(conjugates):
         for i, probe in enumerate(probes):
             try:
-                out[g, i] = code(dihedral_inverse(oracle.run(program, conjugate_input(probe, g)), g))
+                out[g, i] = code(dihedral_inverse(rules.run(program, conjugate_input(probe, g)), g))
             except oracle.OracleError as err:
                 out[g, i] = error_code(err)
     return out
@@ -160,7 +177,8 @@ class Admitter:
         self.funnel[verdict.reason] += 1
         if verdict.reason == "admitted":
             if len(self.ids) == self._rows.shape[0]:
-                self._rows = np.concatenate([self._rows, np.empty_like(self._rows)])
+                more = np.empty((max(len(self._rows), 1024), self.n_slots), dtype=np.int64)  # restored may be empty
+                self._rows = np.concatenate([self._rows, more])
             self._rows[len(self.ids)] = conjugates[0]
             self.ids.append(rule)
         return verdict
@@ -173,9 +191,10 @@ class Admitter:
 
 
 def redundant_stages(program: Program, probes: tuple[np.ndarray, ...]) -> list[str]:
-    """Stages whose neutral form (dsl.neutralised) has the same raw behaviour as the program on every probe."""
+    """Stages whose neutral form, and components whose removal (a composite's `dropped()`), leave the raw
+    behaviour as it is on every probe."""
     own = raw_behaviour(program, probes)
-    return [stage for stage, plain in dsl.neutralised(program)
+    return [stage for stage, plain in program.neutralised() + program.dropped()
             if np.array_equal(raw_behaviour(plain, probes), own)]
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from rich.progress import track
 
-from training.corpus import admission, dsl, gate, oracle, scenes
+from training.corpus import admission, gate, oracle, rules
 from training.corpus.generate import NEAREST, SPLIT_DIRS
 
 
@@ -99,8 +99,8 @@ def leaks(name: str, pairs: list[gate.Pair], index: ArcIndex) -> list[Finding]:
 def audit(corpus: Path, arc_data: Path) -> list[Finding]:
     """Every finding in the corpus folder (an empty list means it passed)."""
     rows = [json.loads(line) for line in (corpus / "manifest.jsonl").read_text().splitlines()]
-    programs = {row["rule_id"]: dsl.from_dict(row["rule"], f"{corpus}/manifest.jsonl: {row['task']}") for row in rows}
-    probes = scenes.probe_bank()
+    programs = {row["rule_id"]: rules.from_dict(row["rule"], f"{corpus}/manifest.jsonl: {row['task']}") for row in rows}
+    probes = rules.probe_bank()
     ids = sorted(programs)
     adm = admission.Admitter.restored(ids, np.array([admission.raw_behaviour(programs[i], probes) for i in ids])
                                       .reshape(len(ids), len(probes)))
@@ -124,8 +124,8 @@ def audit(corpus: Path, arc_data: Path) -> list[Finding]:
     return findings
 
 
-def _run(program: dsl.Program, x: np.ndarray) -> np.ndarray | None:
+def _run(program, x: np.ndarray) -> np.ndarray | None:
     try:
-        return oracle.run(program, x)
+        return rules.run(program, x)
     except oracle.OracleError:
         return None

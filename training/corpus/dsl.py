@@ -1,10 +1,15 @@
 """Rules as typed programs (SPEC 11): frozen dataclasses, stored as canonical JSON, named by BLAKE2b-128 of it.
 
-Only the select-mask-render family exists so far (README in this folder says what is missing). A program of that
-family reads an input whose palette key names the background and the mark colour, picks ONE connected component of
-the body by a metric and min/max, turns its cells into a mask with an operator and an amount, applies optional post
-operations to the mask, and renders the mask. Every stage is a typed value from a closed vocabulary, so a program is
-validated when it is read, and one-node variants (for the task gate) are enumerable.
+This module holds the select-mask-render family and what every family shares (canonical JSON, ids, ProgramError).
+Every program, of any family (`family_*.py`) or composite (`compose.py`), has the same small interface:
+`family`, `produces` ("scene": a picture the size of the body, which can be keyed again; "crop": anything else),
+`to_dict()`, `variants()` (one-node variants), `neutralised()` (stage -> the program with it neutral) and
+`dropped()` (component -> the program without it; empty for a single rule). `rules.py` reads and runs any of them.
+A select-mask-render program reads an input whose palette key names the background and the mark colour, picks ONE
+connected component of the body by a metric and min/max, turns its cells into a mask with an operator and an
+amount, applies optional post operations to the mask, and renders the mask. Every stage is a typed value from a
+closed vocabulary, so a program is validated when it is read, and one-node variants (for the task gate) are
+enumerable.
 """
 
 from __future__ import annotations
@@ -50,6 +55,25 @@ class SelectMaskRender:
     connectivity: int
     family: str = "select_mask_render"
 
+    @property
+    def produces(self) -> str:
+        return "scene" if self.renderer in ("paint", "erase") else "crop"
+
+    def to_dict(self) -> dict:
+        return {"family": self.family, "connectivity": self.connectivity,
+                "selector": {"metric": self.selector.metric, "extreme": self.selector.extreme},
+                "mask": {"op": self.mask.op, "amount": self.mask.amount},
+                "post": list(self.post), "renderer": self.renderer}
+
+    def variants(self) -> list:
+        return one_node_variants(self)
+
+    def neutralised(self) -> list:
+        return neutralised(self)
+
+    def dropped(self) -> list:
+        return []
+
     def __post_init__(self) -> None:
         _check("selector.metric", self.selector.metric, METRICS)
         _check("selector.extreme", self.selector.extreme, EXTREMES)
@@ -72,19 +96,17 @@ def _check(field: str, value, allowed: tuple) -> None:
         raise ProgramError(f"{field}: {value!r} is not one of {list(allowed)}")
 
 
-def to_dict(program: Program) -> dict:
-    return {"family": program.family, "connectivity": program.connectivity,
-            "selector": {"metric": program.selector.metric, "extreme": program.selector.extreme},
-            "mask": {"op": program.mask.op, "amount": program.mask.amount},
-            "post": list(program.post), "renderer": program.renderer}
+def to_dict(program) -> dict:
+    """Any family's program as plain JSON data."""
+    return program.to_dict()
 
 
-def canonical_json(program: Program) -> str:
+def canonical_json(program) -> str:
     """Sorted keys, no spaces, ASCII: the same program always gives the same bytes (and so the same id)."""
     return json.dumps(to_dict(program), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-def rule_id(program: Program) -> str:
+def rule_id(program) -> str:
     """BLAKE2b-128 of the canonical JSON, as 32 hex digits."""
     return hashlib.blake2b(canonical_json(program).encode("ascii"), digest_size=16).hexdigest()
 
@@ -173,3 +195,22 @@ def neutralised(program: Program) -> list[tuple[str, Program]]:
         out.append((f"post[{i}]", _replace(program, post=program.post[:i] + program.post[i + 1:])))
     out.append(("connectivity", _replace(program, connectivity=12 - program.connectivity)))
     return out
+
+
+def check_fields(data, expected: set[str]) -> dict:
+    """`data` must be an object with exactly the `expected` keys (the error names the odd ones).
+
+    >>> check_fields({"a": 1}, {"a", "b"})  # doctest: +IGNORE_EXCEPTION_DETAIL
+    Traceback (most recent call last):
+    training.corpus.dsl.ProgramError: fields ['b'] missing or unknown
+    """
+    if not isinstance(data, dict):
+        raise ProgramError(f"expected an object, got {type(data).__name__}")
+    if set(data) != expected:
+        raise ProgramError(f"fields {sorted(set(data) ^ expected)} missing or unknown")
+    return data
+
+
+def check(field: str, value, allowed: tuple) -> None:
+    """Raise ProgramError naming `field` unless `value` is one of `allowed`."""
+    _check(field, value, allowed)

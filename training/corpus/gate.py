@@ -3,6 +3,8 @@
 Checks, in order, each with its rejection reason:
   shape          five demonstrations + one test, distinct inputs, at least two output shapes;
   replay         the oracle reproduces every pair exactly;
+  immaterial     (composites) every component is material: the composite without it (`dropped()`) is wrong on
+                 >= 2 pairs;
   stage          every typed stage that has a neutral form changes the output on >= 2 pairs when neutralised
                  (mask operator -> keep, each post operation -> dropped, connectivity -> the other one); the
                  selector and renderer have no neutral form and are identified by the next check instead;
@@ -19,12 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from training.corpus import admission, dsl, oracle, scenes, shortcuts
+from training.corpus import admission, dsl, oracle, rules, shortcuts
 from training.corpus.dsl import Program
 
 N_PAIRS = 6
 MIN_WRONG = 2
-REASONS = ("accepted", "shape", "replay", "stage", "not_separated", "shortcut")
+REASONS = ("accepted", "shape", "replay", "immaterial", "stage", "not_separated", "shortcut")
 
 Pair = tuple[np.ndarray, np.ndarray]
 
@@ -44,7 +46,7 @@ def _wrong_on(program: Program, pairs: list[Pair]) -> int:
     wrong = 0
     for x, y in pairs:
         try:
-            out = oracle.run(program, x)
+            out = rules.run(program, x)
         except oracle.OracleError:
             wrong += 1
             continue
@@ -60,7 +62,7 @@ def distinct_variants(program: Program, probes: tuple[np.ndarray, ...]) -> list[
     equal on the bank does not prove equal everywhere.
     """
     own = admission.raw_behaviour(program, probes)
-    return [v for v in dsl.one_node_variants(program) if not np.array_equal(admission.raw_behaviour(v, probes), own)]
+    return [v for v in program.variants() if not np.array_equal(admission.raw_behaviour(v, probes), own)]
 
 
 def judge_task(program: Program, pairs: list[Pair], probes: tuple[np.ndarray, ...],
@@ -74,7 +76,10 @@ def judge_task(program: Program, pairs: list[Pair], probes: tuple[np.ndarray, ..
         return GateReport("shape", "all outputs have one shape")
     if _wrong_on(program, pairs):
         return GateReport("replay", "the oracle does not reproduce every pair")
-    for stage, ablated in dsl.neutralised(program):
+    for component, without in program.dropped():
+        if _wrong_on(without, pairs) < MIN_WRONG:
+            return GateReport("immaterial", f"dropping {component} changes fewer than {MIN_WRONG} outputs")
+    for stage, ablated in program.neutralised():
         if _wrong_on(ablated, pairs) < MIN_WRONG:
             return GateReport("stage", f"{stage} changes fewer than {MIN_WRONG} outputs")
     for rival in list(rivals) + distinct_variants(program, probes):
@@ -94,11 +99,12 @@ def make_task(program: Program, rng: np.random.Generator, probes: tuple[np.ndarr
     candidates: list[Pair] = []
     seen = set()
     for _ in range(pool):
-        x, y = scenes.propose(program, rng)
+        x, y = rules.propose(program, rng)
         if (x.shape, x.tobytes()) not in seen:
             seen.add((x.shape, x.tobytes()))
             candidates.append((x, y))
-    others = [p for _, p in dsl.neutralised(program)] + list(rivals) + distinct_variants(program, probes)
+    others = ([p for _, p in program.dropped() + program.neutralised()] + list(rivals)
+              + distinct_variants(program, probes))
     wrong = np.array([[_wrong_on(other, [pair]) for other in others] for pair in candidates], dtype=np.int32)
     chosen: list[int] = []
     covered = np.zeros(len(others), dtype=np.int32)

@@ -1,4 +1,4 @@
-"""The exact NumPy oracle for select-mask-render programs: it returns the one right output or raises.
+"""The exact NumPy oracle for select-mask-render programs (and the error types of every family's oracle).
 
 A grid is a 2-D integer array. Its palette key is the top row: cell (0, 0) is the background colour, cell (0, 1) the
 mark colour, the rest of the row is background; the body is every row below. Nothing here guesses: a selector tie,
@@ -35,7 +35,15 @@ class EmptyMask(OracleError):
     """A mask operator or post operation left no cell."""
 
 
-ERRORS = (BadKey, NoObjects, Ambiguous, EmptyMask)
+class TooLarge(OracleError):
+    """The output would exceed ARC's 30 x 30 (for example, more than 30 counted objects in a row)."""
+
+
+class Asymmetric(OracleError):
+    """A repaired template is not symmetric under the program's symmetry (the input is not of that template)."""
+
+
+ERRORS = (BadKey, NoObjects, Ambiguous, EmptyMask, TooLarge, Asymmetric)  # append only: the index is the error code
 
 
 def parse_key(grid: np.ndarray) -> tuple[int, int, np.ndarray]:
@@ -247,10 +255,15 @@ def _labelled(body_bytes: bytes, shape: tuple[int, int], bg: int, connectivity: 
     return found
 
 
+def labelled(body: np.ndarray, bg: int, connectivity: int) -> list[np.ndarray]:
+    """`components`, memoised by content (read-only masks)."""
+    return list(_labelled(np.ascontiguousarray(body, dtype=np.int8).tobytes(), body.shape, bg, connectivity))
+
+
 def run(program: Program, grid: np.ndarray) -> np.ndarray:
     """The program's output on one input grid, or an OracleError."""
     bg, mark, body = parse_key(np.asarray(grid, dtype=np.int8))
-    comps = list(_labelled(np.ascontiguousarray(body).tobytes(), body.shape, bg, program.connectivity))
+    comps = labelled(body, bg, program.connectivity)
     mask = select(comps, body, program.selector.metric, program.selector.extreme)
     mask = apply_mask_op(mask, program.mask.op, program.mask.amount, program.connectivity)
     for name in program.post:
