@@ -176,7 +176,7 @@ def main() -> None:
         rows.append(row)
         shutil.rmtree(work, ignore_errors=True)
     base = rows[0]
-    print(f"\n| step | " + " | ".join(f"{r['tensors']:,} tensors ({r['tensors'] / base['tensors']:.1f}x)"
+    print("\n| step | " + " | ".join(f"{r['tensors']:,} tensors ({r['tensors'] / base['tensors']:.1f}x)"
                                      for r in rows) + " |")
     print("| --- |" + " --- |" * len(rows))
     print("| plain copy (s) | " + " | ".join(f"{r['copy_s']:.2f}" for r in rows) + " |")
