@@ -55,9 +55,27 @@ def mismatches(rows: list[list[str]], profile_path: Path) -> list[str]:
     return problems
 
 
+def combined(path: Path) -> bool:
+    return tomllib.loads(path.read_text()).get("line") == "both"
+
+
 def shipped() -> list[Path]:
-    """The profiles that reproduce a scored run, of both lines: the CPU demos (cpu-*, *-tiny) reproduce none."""
-    return sorted(p for p in PROFILES.glob("*.toml") if not p.stem.startswith("cpu-") and not p.stem.endswith("-tiny"))
+    """The profiles that reproduce a scored run, of both lines: the CPU demos (cpu-*, *-tiny) reproduce none, and a
+    combined profile (line = "both") none either: the study ran the lines apart; its two profiles have their tables
+    (test_a_combined_profile_runs_two_profiles_with_tables)."""
+    return sorted(p for p in PROFILES.glob("*.toml")
+                  if not p.stem.startswith("cpu-") and not p.stem.endswith("-tiny") and not combined(p))
+
+
+@pytest.mark.parametrize("path", [p for p in PROFILES.glob("*.toml") if combined(p) and not p.stem.endswith("-tiny")],
+                         ids=lambda p: p.stem)
+def test_a_combined_profile_runs_two_profiles_with_tables(path):
+    raw = tomllib.loads(path.read_text())
+    known = tables(TABLE.read_text())
+    for line in ("reasoning", "grid"):
+        name = raw[line]["profile"]
+        assert PROFILES / f"{name}.toml" in shipped(), f"{path}: {line}.profile {name} is not a shipped profile"
+        assert name in known, f"{TABLE}: no table for {name}, which {path.stem} runs"
 
 
 @pytest.mark.parametrize("path", shipped(), ids=lambda p: p.stem)
