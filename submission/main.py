@@ -99,6 +99,28 @@ def start_watchdog(time_limit_s: float, hard_stop_s: float):
     return stop
 
 
+def run_tasks(args: argparse.Namespace) -> TaskSet:
+    """The run's tasks: `--tasks` (with `--solutions`), cut to `--max-tasks`. Shared by both lines' entries."""
+    tasks = load_tasks(args.tasks, args.solutions)
+    return tasks.first(args.max_tasks) if args.max_tasks else tasks
+
+
+def refuse_old_log(args: argparse.Namespace) -> bool:
+    """True (and says why) when `--log` holds an earlier run's records and `--resume` is not given: a new run never
+    appends to an old log, whose records it would then take for its own."""
+    if args.log and args.log.exists() and args.log.stat().st_size and not args.resume:
+        print(f"error: --log {args.log} already holds records of an earlier run: pass --resume to continue it, or "
+              "choose another --log (a new run never appends to an old log)", file=sys.stderr)
+        return True
+    return False
+
+
+def go_offline() -> None:
+    """The competition box has no network: libraries must never wait on a hub or send usage statistics."""
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
+        os.environ.setdefault(name, "1")
+
+
 class Run:
     def __init__(self, args: argparse.Namespace, profile: Profile, tasks: TaskSet):
         self.args, self.profile, self.tasks = args, profile, tasks
@@ -384,21 +406,16 @@ def main(argv: list[str] | None = None, watchdog: bool = True) -> int:
             profile = replace(profile, schedule=profile.schedule.scaled(args.deadline))
         elif args.deadline:
             profile = replace(profile, schedule=replace(profile.schedule, time_limit_s=args.deadline))
-        tasks = load_tasks(args.tasks, args.solutions)
-        if args.max_tasks:
-            tasks = tasks.first(args.max_tasks)
+        tasks = run_tasks(args)
     except (ProfileError, LoadError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if not profile.engine.model:
         print(f"error: profile {profile.name}: engine.model is empty; pass --model DIR", file=sys.stderr)
         return 2
-    if args.log and args.log.exists() and args.log.stat().st_size and not args.resume:
-        print(f"error: --log {args.log} already holds attempts of an earlier run: pass --resume to continue it, or "
-              "choose another --log (a new run never appends to an old log)", file=sys.stderr)
+    if refuse_old_log(args):
         return 2
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
-        os.environ.setdefault(name, "1")  # the competition box has no network: never wait on a hub
+    go_offline()
     stop_watchdog = start_watchdog(profile.schedule.time_limit_s, profile.schedule.hard_stop) if watchdog else None
     become_subreaper()  # a dead engine's orphaned workers come back to us, to be ended before a restart
     try:

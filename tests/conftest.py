@@ -95,3 +95,40 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+REPLAY_PROFILE = """
+[engine]
+kind = "replay"
+model = "{log}"
+replay_time_scale = {scale}
+
+[schedule]
+time_limit_s = 600.0
+hard_stop_margin_s = 5.0
+stop_new_margin_s = 10.0
+rate_tok_s = 1000.0
+cap_margin_s = 1.0
+cap_margin_tokens = 10
+min_cap = 100
+cap_first_single = 4000
+cap_first_multi = 3000
+cap_second = 2000
+repair_caps = [1500, 1000]
+cap_extra = 1000
+promote_below_thinking = 1000
+repair_min_left_s = 1.0
+extra_min_left_s = 1.0
+max_in_flight = 3
+"""
+
+
+@pytest.fixture(scope="session")
+def replay_profile():
+    """Writes a profile for the replay engine: an earlier run's log replayed at a time scale, with small caps and a
+    10-minute limit. Shared by the solver's end-to-end, fault and both-lines tests."""
+    def write(folder: Path, log: Path, scale: float = 0.0) -> Path:
+        path = folder / f"replay-{scale}.toml"
+        path.write_text(REPLAY_PROFILE.format(log=log, scale=scale))
+        return path
+    return write

@@ -51,34 +51,10 @@ def test_merge_logs_takes_each_lines_records_and_a_redone_tasks_last_candidates(
     assert merge_logs({"t": 2}, reasoning, grid_line) == {("t", 0): (C, EMPTY_ANSWER), ("t", 1): (B, EMPTY_ANSWER)}
 
 
-REPLAY = """
-[engine]
-kind = "replay"
-model = "{log}"
-replay_time_scale = 0.0
-
-[schedule]
-time_limit_s = 600.0
-hard_stop_margin_s = 5.0
-stop_new_margin_s = 10.0
-rate_tok_s = 1000.0
-cap_margin_s = 1.0
-cap_margin_tokens = 10
-min_cap = 100
-cap_first_single = 4000
-cap_first_multi = 3000
-cap_second = 2000
-repair_caps = [1500, 1000]
-cap_extra = 1000
-promote_below_thinking = 1000
-repair_min_left_s = 1.0
-extra_min_left_s = 1.0
-max_in_flight = 3
-"""
 
 
 @pytest.mark.usefixtures("one_torch_thread")
-def test_a_combined_run_writes_the_merge_of_both_lines(arc_data, tmp_path):
+def test_a_combined_run_writes_the_merge_of_both_lines(arc_data, tmp_path, replay_profile):
     pytest.importorskip("peft")
     from dataclasses import replace
 
@@ -103,7 +79,7 @@ def test_a_combined_run_writes_the_merge_of_both_lines(arc_data, tmp_path):
                 logged.append(AttemptRecord(task.id, index, attempt, Level(attempt - 1), 0, 4000, natural=True,
                                             thinking_tokens=200, answer_tokens=50, grid=grid))
     (tmp_path / "earlier.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in logged))
-    (tmp_path / "replay.toml").write_text(REPLAY.format(log=tmp_path / "earlier.jsonl"))
+    replay = replay_profile(tmp_path, tmp_path / "earlier.jsonl")
     grid_model = cut(make_checkpoint(tmp_path / "base", "qwen3", seed=4), tmp_path / "grid-model")
     grid = load_grid_profile("grid-tiny")
     grid = replace(grid, ttt=replace(grid.ttt, sequences=2),
@@ -112,7 +88,7 @@ def test_a_combined_run_writes_the_merge_of_both_lines(arc_data, tmp_path):
                    run=replace(grid.run, min_task_s=2.0, max_task_s=4.0))
     (tmp_path / "grid.toml").write_text(grid_profile_to_toml(grid))
     (tmp_path / "both.toml").write_text(
-        f'line = "both"\npoll_s = 0.5\n[reasoning]\nprofile = "{tmp_path / "replay.toml"}"\n'
+        f'line = "both"\npoll_s = 0.5\n[reasoning]\nprofile = "{replay}"\n'
         f'[grid]\nprofile = "{tmp_path / "grid.toml"}"\nworkers = ["cpu"]\nmodel = "{grid_model}"\n')
     out = tmp_path / "run" / "submission.json"
     # a roomy deadline (the run ends when both lines have finished): a busy shared machine starts workers slowly

@@ -20,30 +20,6 @@ from submission.tasks import load_tasks
 
 REPO = Path(__file__).resolve().parents[1]
 
-PROFILE = """
-[engine]
-kind = "replay"
-model = "{log}"
-replay_time_scale = {scale}
-
-[schedule]
-time_limit_s = 600.0
-hard_stop_margin_s = 5.0
-stop_new_margin_s = 10.0
-rate_tok_s = 1000.0
-cap_margin_s = 1.0
-cap_margin_tokens = 10
-min_cap = 100
-cap_first_single = 4000
-cap_first_multi = 3000
-cap_second = 2000
-repair_caps = [1500, 1000]
-cap_extra = 1000
-promote_below_thinking = 1000
-repair_min_left_s = 1.0
-extra_min_left_s = 1.0
-max_in_flight = 3
-"""
 
 
 def logged_attempts(tasks, rng: random.Random) -> list[AttemptRecord]:
@@ -73,10 +49,9 @@ def main_cmd(folder: Path, profile: Path, tasks_dir: Path, *extra: str) -> list[
             str(folder / "submission.json"), "--profile", str(profile), "--log", str(folder / "run.jsonl"), *extra]
 
 
-def test_kill_and_resume_keeps_every_finished_attempt_exactly_once(setup, arc_data):
+def test_kill_and_resume_keeps_every_finished_attempt_exactly_once(setup, arc_data, replay_profile):
     folder, source, tasks = setup
-    profile = folder / "slow.toml"
-    profile.write_text(PROFILE.format(log=source, scale=1.0))
+    profile = replay_profile(folder, source, scale=1.0)
     cmd = main_cmd(folder, profile, arc_data / "arc-agi-2" / "evaluation")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -107,10 +82,9 @@ def test_kill_and_resume_keeps_every_finished_attempt_exactly_once(setup, arc_da
     assert "answered test inputs" in done.stdout
 
 
-def test_deadline_is_kept_even_with_slow_attempts(setup, arc_data, tmp_path):
+def test_deadline_is_kept_even_with_slow_attempts(setup, arc_data, tmp_path, replay_profile):
     folder, source, tasks = setup
-    profile = tmp_path / "slower.toml"
-    profile.write_text(PROFILE.format(log=source, scale=40.0))  # attempts take 8-24 s: the deadline cuts the run
+    profile = replay_profile(tmp_path, source, scale=40.0)  # attempts take 8-24 s: the deadline cuts the run
     cmd = [sys.executable, "-m", "submission.main", "--tasks", str(arc_data / "arc-agi-2" / "evaluation"),
            "--max-tasks", "10", "--out", str(tmp_path / "submission.json"), "--profile", str(profile),
            "--deadline", "20", "--log", str(tmp_path / "run.jsonl")]
@@ -142,10 +116,9 @@ sys.exit(solver.main(sys.argv[1:]))
 """
 
 
-def test_watchdog_ends_a_run_whose_engine_blocks_everything(setup, arc_data, tmp_path):
+def test_watchdog_ends_a_run_whose_engine_blocks_everything(setup, arc_data, tmp_path, replay_profile):
     folder, source, tasks = setup
-    profile = tmp_path / "frozen.toml"
-    profile.write_text(PROFILE.format(log=source, scale=1.0))
+    profile = replay_profile(tmp_path, source, scale=1.0)
     cmd = [sys.executable, "-c", BLOCKING, "--tasks", str(arc_data / "arc-agi-2" / "evaluation"), "--max-tasks", "10",
            "--out", str(tmp_path / "submission.json"), "--profile", str(profile), "--deadline", "12"]
     started = time.monotonic()

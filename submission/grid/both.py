@@ -37,7 +37,7 @@ from submission.grid import profile_path
 from submission.grid.config import grid_profile_to_toml, load_grid_profile
 from submission.grid.merge import merge_logs
 from submission.score import score
-from submission.tasks import LoadError, load_tasks
+from submission.tasks import LoadError
 
 REPO = Path(__file__).resolve().parents[2]
 MERGE_S = 15.0  # the lines' time limit is this much shorter than the run's: room for their shutdown and the merge
@@ -134,7 +134,7 @@ def line_command(module: str, python: str, args: argparse.Namespace, folder: Pat
 
 def run(args: argparse.Namespace) -> int:
     """The run for parsed arguments (shared with submission.main, whose other flags must be unset)."""
-    from submission.main import start_watchdog
+    from submission.main import run_tasks, start_watchdog
 
     started = time.monotonic()
     if getattr(args, "model", None) or getattr(args, "log", None):
@@ -149,9 +149,7 @@ def run(args: argparse.Namespace) -> int:
             both = replace(both, grid=replace(both.grid, model=args.grid_model))
         limit = args.deadline or both.time_limit_s
         reasoning_toml, grid_toml = line_profiles(both, limit)
-        tasks = load_tasks(args.tasks, args.solutions)
-        if args.max_tasks:
-            tasks = tasks.first(args.max_tasks)
+        tasks = run_tasks(args)
     except (ProfileError, LoadError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -14,7 +14,6 @@ are all in the log are restored (answers included), never redone; the others are
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +22,7 @@ from submission.answers import render_submission
 from submission.config import ProfileError
 from submission.grid.config import GridProfile, load_grid_profile
 from submission.score import score
-from submission.tasks import LoadError, load_tasks
+from submission.tasks import LoadError
 
 
 def parser() -> argparse.ArgumentParser:
@@ -43,7 +42,7 @@ def parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """The run for parsed arguments (shared with submission.main, whose extra flags must be unset)."""
     from submission.grid.workers import Coordinator
-    from submission.main import start_watchdog
+    from submission.main import go_offline, refuse_old_log, run_tasks, start_watchdog
 
     try:
         profile: GridProfile = load_grid_profile(args.profile)
@@ -51,21 +50,16 @@ def run(args: argparse.Namespace) -> int:
             profile = replace(profile, model=replace(profile.model, path=str(args.model)))
         if args.deadline:
             profile = replace(profile, run=replace(profile.run, time_limit_s=args.deadline))
-        tasks = load_tasks(args.tasks, args.solutions)
-        if args.max_tasks:
-            tasks = tasks.first(args.max_tasks)
+        tasks = run_tasks(args)
     except (ProfileError, LoadError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if not profile.model.path:
         print(f"error: profile {profile.name}: model.path is empty; pass --model DIR", file=sys.stderr)
         return 2
-    if args.log and args.log.exists() and args.log.stat().st_size and not args.resume:
-        print(f"error: --log {args.log} already holds records of an earlier run: pass --resume to continue it, or "
-              "choose another --log", file=sys.stderr)
+    if refuse_old_log(args):
         return 2
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "DO_NOT_TRACK"):
-        os.environ.setdefault(name, "1")
+    go_offline()
     start_watchdog(profile.run.time_limit_s, profile.run.hard_stop)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for error in tasks.errors:

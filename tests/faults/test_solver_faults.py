@@ -26,30 +26,6 @@ from submission.tasks import load_tasks
 
 REPO = Path(__file__).resolve().parents[2]
 N_TASKS = 4
-PROFILE = """
-[engine]
-kind = "replay"
-model = "{log}"
-replay_time_scale = {scale}
-
-[schedule]
-time_limit_s = 600.0
-hard_stop_margin_s = 5.0
-stop_new_margin_s = 10.0
-rate_tok_s = 1000.0
-cap_margin_s = 1.0
-cap_margin_tokens = 10
-min_cap = 100
-cap_first_single = 4000
-cap_first_multi = 3000
-cap_second = 2000
-repair_caps = [1500, 1000]
-cap_extra = 1000
-promote_below_thinking = 1000
-repair_min_left_s = 1.0
-extra_min_left_s = 1.0
-max_in_flight = 3
-"""
 
 
 @pytest.fixture(scope="module")
@@ -69,12 +45,6 @@ def setup(arc_data, tmp_path_factory):
     source = folder / "earlier.jsonl"
     source.write_text("".join(json.dumps(r.to_json()) + "\n" for r in records))
     return source, tasks
-
-
-def profile(tmp_path: Path, source: Path, scale: float) -> Path:
-    path = tmp_path / f"replay-{scale}.toml"
-    path.write_text(PROFILE.format(log=source, scale=scale))
-    return path
 
 
 def solver_args(tmp_path: Path, profile_path: Path, arc_data: Path, *extra: str) -> list[str]:
@@ -115,9 +85,9 @@ def tear_last_line(log: Path) -> None:
     log.write_bytes(data[:last + (len(data) - last) // 2])
 
 
-def test_a_torn_log_line_is_cut_and_the_log_resumes_twice(setup, arc_data, tmp_path):
+def test_a_torn_log_line_is_cut_and_the_log_resumes_twice(setup, arc_data, tmp_path, replay_profile):
     source, tasks = setup
-    args = solver_args(tmp_path, profile(tmp_path, source, 0.05), arc_data)
+    args = solver_args(tmp_path, replay_profile(tmp_path, source, 0.05), arc_data)
     assert solve(args).returncode == 0
     whole = read_log(tmp_path / "run.jsonl")
     for _ in range(2):  # each resume redoes the torn attempt and appends after a whole line
@@ -129,9 +99,9 @@ def test_a_torn_log_line_is_cut_and_the_log_resumes_twice(setup, arc_data, tmp_p
     assert_consistent(tmp_path, tasks)
 
 
-def test_a_new_run_refuses_an_existing_log(setup, arc_data, tmp_path):
+def test_a_new_run_refuses_an_existing_log(setup, arc_data, tmp_path, replay_profile):
     source, _ = setup
-    args = solver_args(tmp_path, profile(tmp_path, source, 0.05), arc_data)
+    args = solver_args(tmp_path, replay_profile(tmp_path, source, 0.05), arc_data)
     assert solve(args).returncode == 0
     before = (tmp_path / "run.jsonl").read_bytes()
     done = solve(args)
@@ -139,9 +109,9 @@ def test_a_new_run_refuses_an_existing_log(setup, arc_data, tmp_path):
     assert (tmp_path / "run.jsonl").read_bytes() == before
 
 
-def test_sigterm_ends_the_run_cleanly_then_sigkill_and_resume_lose_nothing(setup, arc_data, tmp_path):
+def test_sigterm_ends_the_run_cleanly_then_sigkill_and_resume_lose_nothing(setup, arc_data, tmp_path, replay_profile):
     source, tasks = setup
-    args = solver_args(tmp_path, profile(tmp_path, source, 1.0), arc_data)
+    args = solver_args(tmp_path, replay_profile(tmp_path, source, 1.0), arc_data)
     log = tmp_path / "run.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "submission.main", *args], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -186,9 +156,9 @@ sys.exit(solver.main(sys.argv[1:]))
 """
 
 
-def test_a_full_disk_under_the_answer_file_loses_no_answer(setup, arc_data, tmp_path):
+def test_a_full_disk_under_the_answer_file_loses_no_answer(setup, arc_data, tmp_path, replay_profile):
     source, tasks = setup
-    done = solve(solver_args(tmp_path, profile(tmp_path, source, 0.05), arc_data), DISK_FULL)
+    done = solve(solver_args(tmp_path, replay_profile(tmp_path, source, 0.05), arc_data), DISK_FULL)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "No space left on device" in done.stderr and "written again" in done.stderr
     assert "answer-file writes failed: 6" in done.stdout
@@ -226,9 +196,9 @@ sys.exit(solver.main(sys.argv[1:]))
 """
 
 
-def test_a_full_disk_under_the_log_keeps_it_whole_and_the_run_going(setup, arc_data, tmp_path):
+def test_a_full_disk_under_the_log_keeps_it_whole_and_the_run_going(setup, arc_data, tmp_path, replay_profile):
     source, tasks = setup
-    args = solver_args(tmp_path, profile(tmp_path, source, 0.05), arc_data)
+    args = solver_args(tmp_path, replay_profile(tmp_path, source, 0.05), arc_data)
     done = solve(args, LOG_DISK_FULL)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "attempt log" in done.stderr and "No space left on device" in done.stderr
@@ -303,9 +273,10 @@ sys.exit(code)
 """
 
 
-def test_an_engine_core_killed_mid_run_is_replaced_after_its_workers_are_gone(setup, arc_data, tmp_path):
+def test_an_engine_core_killed_mid_run_is_replaced_after_its_workers_are_gone(setup, arc_data, tmp_path,
+                                                                              replay_profile):
     source, tasks = setup
-    args = solver_args(tmp_path, profile(tmp_path, source, 0.1), arc_data)
+    args = solver_args(tmp_path, replay_profile(tmp_path, source, 0.1), arc_data)
     done = solve(args, CORE_DIES, env=dict(os.environ, KILL_AFTER="5"))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "the engine died" in done.stderr and "the dead engine left 1 processes" in done.stderr
@@ -314,9 +285,9 @@ def test_an_engine_core_killed_mid_run_is_replaced_after_its_workers_are_gone(se
     assert_consistent(tmp_path, tasks)
 
 
-def test_a_failed_engine_restart_keeps_every_answer_and_says_so(setup, arc_data, tmp_path):
+def test_a_failed_engine_restart_keeps_every_answer_and_says_so(setup, arc_data, tmp_path, replay_profile):
     source, tasks = setup
-    args = solver_args(tmp_path, profile(tmp_path, source, 0.1), arc_data)
+    args = solver_args(tmp_path, replay_profile(tmp_path, source, 0.1), arc_data)
     done = solve(args, CORE_DIES, env=dict(os.environ, KILL_AFTER="5", FAIL_RESTART="1"))
     assert done.returncode == 1, done.stderr[-2000:]
     assert "could not be restarted (RuntimeError: CUDA out of memory (injected))" in done.stderr
@@ -341,11 +312,12 @@ def test_later_file():  # outlives the solver's watchdog (3.5 s) and its SIGALRM
 """
 
 
-def test_an_in_process_run_never_meets_the_watchdog(setup, arc_data, tmp_path):
+def test_an_in_process_run_never_meets_the_watchdog(setup, arc_data, tmp_path, replay_profile):
     """The scaled-down `make test`: a test file calls the solver in-process and later tests keep running; pytest's
     summary must be the last line (the watchdog used to exit 0 in the middle, with no summary)."""
     source, _ = setup
-    args = solver_args(tmp_path, profile(tmp_path, source, 0.05), arc_data, "--deadline", "6", "--scale-schedule")
+    args = solver_args(tmp_path, replay_profile(tmp_path, source, 0.05), arc_data, "--deadline", "6",
+                       "--scale-schedule")
     (tmp_path / "test_in_process.py").write_text(IN_PROCESS.format(args=args))
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
                            str(tmp_path / "test_in_process.py")], cwd=REPO, capture_output=True, text=True,
@@ -371,13 +343,13 @@ sys.exit(code)
 """
 
 
-def test_a_wall_clock_jump_changes_nothing(setup, arc_data, tmp_path):
+def test_a_wall_clock_jump_changes_nothing(setup, arc_data, tmp_path, replay_profile):
     """A jump of the wall clock (NTP, a resumed VM) cannot move a deadline: the solver counts every deadline on
     time.monotonic and never reads time.time during a run, which this run checks with a wall clock that would jump
     two hours either way had it been read. (A survived fault: it passes on the code before issue 15 too.)"""
     source, tasks = setup
     started = time.monotonic()
-    done = solve(solver_args(tmp_path, profile(tmp_path, source, 0.05), arc_data), CLOCK_JUMP)
+    done = solve(solver_args(tmp_path, replay_profile(tmp_path, source, 0.05), arc_data), CLOCK_JUMP)
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(done.stderr.split("wall-clock reads: ")[1].split()[0]) == 0  # nothing could see the jumps
     assert time.monotonic() - started < 120
