@@ -134,8 +134,12 @@ def _build(cls: type, table: Any, where: str) -> Any:
         raise ProfileError(f"{where}: {err}") from None
 
 
-def load_profile(name_or_path: str | Path) -> Profile:
-    """A shipped profile by name (profiles/NAME.toml) or any TOML file by path."""
+LINES = {"grid": "a grid-line profile", "both": "a combined profile"}  # `line` values besides the reasoning line's
+
+
+def read_profile(name_or_path: str | Path, line: str | None = None) -> tuple[Path, dict]:
+    """A profile's path and TOML table, its name defaulting to the file's stem: a shipped profile by name
+    (profiles/NAME.toml) or any TOML file by path. `line` ("grid", "both") refuses a profile of another line."""
     path = Path(name_or_path)
     if not path.suffix:
         path = PROFILES / f"{name_or_path}.toml"
@@ -146,7 +150,15 @@ def load_profile(name_or_path: str | Path) -> Profile:
         raise ProfileError(f"{path}: cannot read ({err.strerror}); shipped profiles: {known}") from None
     except tomllib.TOMLDecodeError as err:
         raise ProfileError(f"{path}: not valid TOML: {err}") from None
+    if line is not None and raw.get("line") != line:
+        raise ProfileError(f"{path}: line: not {LINES[line]} (needs line = \"{line}\")")
     raw.setdefault("name", path.stem)
+    return path, raw
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """A reasoning-line profile by name or path (read_profile)."""
+    path, raw = read_profile(name_or_path)
     return _build(Profile, raw, str(path))
 
 

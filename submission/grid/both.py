@@ -26,14 +26,12 @@ import os
 import subprocess
 import sys
 import time
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from submission.answers import AnswerFile, render_submission
 from submission.attempts import read_log
-from submission.config import ProfileError, _build, load_profile, profile_to_toml
-from submission.grid import profile_path
+from submission.config import ProfileError, _build, load_profile, profile_to_toml, read_profile
 from submission.grid.config import grid_profile_to_toml, load_grid_profile
 from submission.grid.merge import merge_logs
 from submission.score import score
@@ -71,16 +69,7 @@ class BothProfile:
 
 
 def load_both_profile(name_or_path: str | Path) -> BothProfile:
-    path = profile_path(name_or_path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except OSError as err:
-        raise ProfileError(f"{path}: cannot read ({err.strerror})") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ProfileError(f"{path}: not valid TOML: {err}") from None
-    if raw.get("line") != "both":
-        raise ProfileError(f"{path}: line: not a combined profile (needs line = \"both\")")
-    raw.setdefault("name", path.stem)
+    path, raw = read_profile(name_or_path, line="both")
     return _build(BothProfile, raw, str(path))
 
 

@@ -12,12 +12,10 @@ Unknown sections and keys are refused with the file, section and key (submission
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from submission.config import ProfileError, _build, _toml_value
-from submission.grid import profile_path
+from submission.config import _build, _toml_value, read_profile
 from submission.grid.ttt import TTTConfig
 
 
@@ -97,16 +95,7 @@ class GridProfile:
 
 
 def load_grid_profile(name_or_path: str | Path) -> GridProfile:
-    path = profile_path(name_or_path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except OSError as err:
-        raise ProfileError(f"{path}: cannot read ({err.strerror})") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ProfileError(f"{path}: not valid TOML: {err}") from None
-    if raw.get("line") != "grid":
-        raise ProfileError(f"{path}: line: not a grid-line profile (needs line = \"grid\")")
-    raw.setdefault("name", path.stem)
+    path, raw = read_profile(name_or_path, line="grid")
     return _build(GridProfile, raw, str(path))
 
 
