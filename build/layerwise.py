@@ -9,8 +9,9 @@ of the chunk, dropped; layer 1; and so on. Hidden states of the chunk's traces s
 memory is one layer's weights plus the chunk's activations, whatever the depth. Quantised checkpoints
 (compressed-tensors) are dequantised module by module as their layer loads: no dequantised copy is written.
 Checkpoint tensors go into transformers' modules under transformers' own names: per-expert weights
-(`mlp.experts.E.{gate,up,down}_proj.weight`) are stacked into the fused `experts.gate_up_proj` / `experts.down_proj`
-that Qwen3-MoE and Qwen3-Next keep in memory. MTP weights (`mtp.*`) are not part of the transformers model and are
+(`mlp.experts.E.{gate,up,down}_proj.weight`) are copied one at a time into the fused `experts.gate_up_proj` /
+`experts.down_proj` that Qwen3-MoE and Qwen3-Next keep in memory, allocated once at their final size, and every other
+weight is converted as it is read: loading a layer holds about its converted bytes (`Shards.load`). MTP weights (`mtp.*`) are not part of the transformers model and are
 never loaded.
 """
 
@@ -20,7 +21,10 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
+
+if TYPE_CHECKING:
+    import torch
 
 EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 
@@ -37,25 +41,6 @@ def chunks(lengths: list[int], chunk_tokens: int) -> list[list[int]]:
         else:
             out.append([index])
             size = length
-    return out
-
-
-def fuse_experts(state: dict) -> dict:
-    """Per-expert checkpoint tensors -> transformers' fused expert parameters (gate and up concatenated, then stacked
-    over experts); other tensors pass through. Pure."""
-    import torch
-
-    out, experts = {}, {}
-    for name, tensor in state.items():
-        if m := EXPERT.match(name):
-            experts.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = tensor
-        else:
-            out[name] = tensor
-    for prefix, by_index in experts.items():
-        order = sorted(by_index)
-        out[f"{prefix}.gate_up_proj"] = torch.stack([torch.cat([by_index[e]["gate"], by_index[e]["up"]])
-                                                     for e in order])
-        out[f"{prefix}.down_proj"] = torch.stack([by_index[e]["down"] for e in order])
     return out
 
 
@@ -79,31 +64,73 @@ class Shards:
             scheme = _preset_of(group)
             self.schemes.update({target: scheme for target in group.get("targets", [])})
 
-    def read(self, prefix: str, dtype) -> dict:
-        """Every tensor whose name starts with `prefix`, keyed without it, in `dtype` (dequantised where needed)."""
+    def tensors(self, prefix: str) -> Iterator[tuple[str, "torch.Tensor"]]:
+        """Every weight whose name starts with `prefix`, keyed without it, one at a time, shard by shard, as stored
+        (a quantised module's weight dequantised once all its parts are read; their scales and k/v cache scales are
+        not yielded): a caller that keeps only what it converts never holds a second copy of the layer."""
         from safetensors import safe_open
 
         from build.quantize import dequantize
 
-        names = [n for n in self.weight_map if n.startswith(prefix)]
         by_file: dict[str, list[str]] = {}
-        for name in names:
-            by_file.setdefault(self.weight_map[name], []).append(name)
-        raw = {}
+        parts: dict[str, int] = {}  # quantised module -> how many of its tensors are stored
+        for name in self.weight_map:
+            if name.startswith(prefix):
+                by_file.setdefault(self.weight_map[name], []).append(name)
+                module = name.rpartition(".")[0]
+                if module in self.schemes:
+                    parts[module] = parts.get(module, 0) + 1
+        pending: dict[str, dict] = {}  # a quantised module's parts read so far (they may span shards)
         for file, members in by_file.items():
             with safe_open(self.folder / file, framework="pt") as f:
-                raw.update({name: f.get_tensor(name) for name in members})
+                for name in members:
+                    module, _, leaf = name.rpartition(".")
+                    if module in parts:
+                        state = pending.setdefault(module, {})
+                        state[name] = f.get_tensor(name)
+                        if len(state) < parts[module]:
+                            continue
+                        del pending[module], parts[module]
+                        if any(n.endswith((".weight", ".weight_packed")) for n in state):
+                            yield f"{module}.weight"[len(prefix):], dequantize(state, module, self.schemes[module])
+                    elif leaf not in ("k_scale", "v_scale"):
+                        yield name[len(prefix):], f.get_tensor(name)
+
+    def read(self, prefix: str, dtype) -> dict:
+        """Every weight whose name starts with `prefix`, keyed without it, in `dtype` (dequantised where needed)."""
+        return {name: tensor.to(dtype) for name, tensor in self.tensors(prefix)}
+
+    def load(self, prefix: str, dtype, device: str = "cpu") -> dict:
+        """The weights under `prefix` as transformers' modules hold them, in `dtype` on `device`: per-expert weights
+        (`experts.E.{gate,up,down}_proj.weight`) are copied one at a time, converted on the way, into the stacked
+        `experts.gate_up_proj` (gate then up rows) and `experts.down_proj` allocated once at their final size; every
+        other weight is converted as it is read. So loading a layer holds its converted bytes plus one stored tensor,
+        not the stored layer, its conversion and the stacked copies together (2.3x one layer before issue 17's
+        measurement, benchmarks/RESULTS.md)."""
+        import torch
+
+        order: dict[str, set[int]] = {}  # experts prefix -> expert numbers stored
+        for name in self.weight_map:
+            module = name[len(prefix):].rpartition(".")[0]  # quantised: weight_packed, weight_scale, ...
+            if name.startswith(prefix) and (m := EXPERT.match(f"{module}.weight")):
+                order.setdefault(m.group(1), set()).add(int(m.group(2)))
+        position = {(experts, e): i for experts, numbers in order.items() for i, e in enumerate(sorted(numbers))}
         out = {}
-        quantised = {m for m in {n.rpartition(".")[0] for n in raw} if m in self.schemes}
-        for name, tensor in raw.items():
-            module, _, leaf = name.rpartition(".")
-            if module in quantised:
-                if leaf in ("weight", "weight_packed"):
-                    out[f"{module}.weight"[len(prefix):]] = dequantize(raw, module, self.schemes[module]).to(dtype)
-                continue  # scales, k/v cache scales of quantised modules
-            if leaf in ("k_scale", "v_scale"):
+        for name, tensor in self.tensors(prefix):
+            if not (m := EXPERT.match(name)):
+                out[name] = tensor.to(device=device, dtype=dtype)
                 continue
-            out[name[len(prefix):]] = tensor.to(dtype)
+            experts, number, kind = m.group(1), int(m.group(2)), m.group(3)
+            fused = f"{experts}.down_proj" if kind == "down" else f"{experts}.gate_up_proj"
+            if fused not in out:
+                rows, columns = tensor.shape
+                out[fused] = torch.empty((len(order[experts]), rows if kind == "down" else 2 * rows, columns),
+                                         dtype=dtype, device=device)
+            target = out[fused][position[experts, number]]
+            rows = tensor.shape[0]
+            target = target if kind == "down" else target[:rows] if kind == "gate" else target[rows:]
+            target.copy_(tensor)
+            del tensor, target
         return out
 
 
@@ -168,8 +195,7 @@ class LayerRunner:
         self.layers = list(self.base.layers)
 
     def _load(self, module, prefix: str):
-        state = fuse_experts(self.shards.read(prefix, self.dtype))
-        module.load_state_dict({k: v.to(self.device) for k, v in state.items()}, strict=True, assign=True)
+        module.load_state_dict(self.shards.load(prefix, self.dtype, self.device), strict=True, assign=True)
         return module
 
     def resident_bytes(self) -> int:

@@ -55,7 +55,7 @@ def parse_key(grid: np.ndarray) -> tuple[int, int, np.ndarray]:
     if grid.ndim != 2 or grid.shape[0] < 2 or grid.shape[1] < 2:
         raise BadKey(f"grid of shape {grid.shape} has no room for a key and a body")
     bg, mark = int(grid[0, 0]), int(grid[0, 1])
-    if mark == bg or np.any(grid[0, 2:] != bg):
+    if mark == bg or (grid[0, 2:] != bg).any():
         raise BadKey("the top row is not [background, mark, background...]")
     return bg, mark, grid[1:]
 
@@ -75,6 +75,35 @@ def _neighbours(mask: np.ndarray, connectivity: int) -> np.ndarray:
     return out
 
 
+_SHIFTS = {4: ((1, 0), (-1, 0), (0, 1), (0, -1)),
+           8: ((1, 0), (-1, 0), (0, 1), (0, -1), (1, 1), (1, -1), (-1, 1), (-1, -1))}
+
+
+def label(cells: np.ndarray, connectivity: int) -> np.ndarray:
+    """Each True cell's component, named by the flat index of the component's first cell in reading order; False
+    cells get `cells.size`. Whole-grid min-propagation with pointer jumping, a few numpy passes per grid instead of
+    one Python flood per component (issue #19 speed: labelling was a fifth of a generate run's time).
+
+    >>> label(np.array([[True, False, True], [False, True, True]]), 4).tolist()
+    [[0, 6, 2], [6, 2, 2]]
+    """
+    h, w = cells.shape
+    none = cells.size
+    lab = np.where(cells, np.arange(none).reshape(h, w), none)
+    padded = np.full((h + 2, w + 2), none)
+    while True:
+        padded[1:-1, 1:-1] = lab
+        new = lab
+        for dr, dc in _SHIFTS[connectivity]:
+            new = np.minimum(new, padded[1 + dr:1 + dr + h, 1 + dc:1 + dc + w])
+        # a label is a cell of the same component with a smaller index: jump to that cell's label
+        flat = np.where(cells, new, none).ravel()
+        new = np.append(flat, none)[flat].reshape(h, w)
+        if np.array_equal(new, lab):
+            return lab
+        lab = new
+
+
 def components(body: np.ndarray, bg: int, connectivity: int) -> list[np.ndarray]:
     """Connected components of the non-background cells (any colours), as boolean masks in reading order.
 
@@ -83,19 +112,9 @@ def components(body: np.ndarray, bg: int, connectivity: int) -> list[np.ndarray]
     >>> [int(m.sum()) for m in components(np.array([[1, 0, 2], [0, 2, 2]]), 0, 8)]
     [4]
     """
-    todo = body != bg
-    found = []
-    while todo.any():
-        seed = np.zeros_like(todo)
-        seed[np.unravel_index(int(np.argmax(todo)), todo.shape)] = True
-        while True:
-            grown = _neighbours(seed, connectivity) & todo
-            if np.array_equal(grown, seed):
-                break
-            seed = grown
-        found.append(seed)
-        todo = todo & ~seed
-    return found
+    fg = body != bg
+    lab = label(fg, connectivity)
+    return [lab == first for first in np.unique(lab[fg])]
 
 
 def metric(mask: np.ndarray, body: np.ndarray, name: str) -> int:
@@ -202,13 +221,7 @@ def apply_post(mask: np.ndarray, name: str, connectivity: int) -> np.ndarray:
     rs, cs = bbox_slices(mask)
     if name == "fill_holes":
         outside = np.pad(~mask, 1, constant_values=True)
-        reach = np.zeros_like(outside)
-        reach[0, 0] = True
-        while True:  # flood the outside from the padded corner; what it cannot reach is a hole
-            grown = _neighbours(reach, 12 - connectivity) & outside
-            if np.array_equal(grown, reach):
-                break
-            reach = grown
+        reach = label(outside, 12 - connectivity) == 0  # the outside reached from the padded corner; the rest: holes
         out = ~reach[1:-1, 1:-1]
     elif name == "bbox_invert":
         out = np.zeros_like(mask)

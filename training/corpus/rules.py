@@ -71,7 +71,7 @@ def predicate(name: str, grid: np.ndarray) -> bool:
     if name == "mark_in_body":
         return bool((body == mark).any())
     if name == "many_objects":
-        return len(oracle.components(body, bg, 8)) > 3
+        return len(oracle.labelled(body, bg, 8)) > 3
     raise ValueError(f"unknown predicate {name!r}")
 
 
