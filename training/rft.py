@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from submission.progress import ProgressLine
+from training.corpus.mix import CorpusMix, from_table
 from training.dataset import read_rows
 
 # SPEC 9's targets, named as in Qwen3-Next (attention, linear attention, MLP); another architecture lists its own.
@@ -62,6 +63,9 @@ class TrainConfig:
     kv_scales: bool = True  # with a recipe: recompute the FP8 KV-cache scales after re-quantising (needs tasks)
     backend: str = "peft"  # "peft" (plain PEFT) or "unsloth" (its own environment: make unsloth-env)
     device: str = "auto"  # "auto" = the first CUDA GPU if there is one, else the CPU; or "cpu", "cuda:1", ...
+    # the [corpus] table: the synthetic-task mix `training.traces --config` samples the rows' traces from
+    # (training/corpus/mix.py); training itself only records it
+    corpus: CorpusMix = CorpusMix()
 
     def __post_init__(self) -> None:
         if self.backend not in ("peft", "unsloth"):
@@ -80,6 +84,8 @@ def load_config(path: str | Path) -> TrainConfig:
         raise ValueError(f"{path}: unknown key(s) {', '.join(unknown)}")
     if "targets" in raw:
         raw["targets"] = tuple(raw["targets"])
+    if "corpus" in raw:
+        raw["corpus"] = from_table(raw["corpus"], str(path))
     try:
         return TrainConfig(**raw)
     except (TypeError, ValueError) as err:

@@ -2,7 +2,8 @@
 
     python -m training.traces --model DIR --profile NAME --tasks DIR --out traces.jsonl [--attempts 2] [--cap 48000]
                               [--split training] [--held-out ids.txt] [--leave-one-out] [--max-tasks N]
-                              [--inject-known]
+                              [--inject-known] [--config training/rft-tiny.toml] [--corpus DIR
+                              --corpus-fraction F --corpus-seed S]
 
 Every labelled test input is sampled `--attempts` times at thinking cap `--cap`, with seeds from (task, test input,
 attempt, "rft") by a stable hash, so reruns and other machines make the same requests. The prompt is the inference
@@ -11,7 +12,9 @@ token ids exactly as sampled, the parsed grid and the label. Tasks listed in `--
 `--leave-one-out` (for evaluation tasks) also makes views where a test pair becomes a demonstration and a
 demonstration becomes the query. Resumable: requests already in --out are skipped. `--inject-known` (demos only) adds
 one known-correct trace per input, written by this script, not the model, and marked `"injected": true`, so that a
-random-weight model still exercises the whole path.
+random-weight model still exercises the whole path. `--corpus` mixes the training tasks of a generated corpus in at
+`--corpus-fraction` (or as the `[corpus]` table of `--config`, the RFT run's config, says): training/corpus/mix.py.
+`--max-tasks` counts the real tasks; the corpus adds its share on top.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from submission.engines.base import GenerationRequest
 from submission.prompt import grid_text, render
 from submission.schedule import stable_seed
 from submission.tasks import Pair, Task, load_tasks
+from training.corpus import mix
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "programs"
 
@@ -82,7 +86,7 @@ async def sample(engine, tokenizer, tasks: list[Task], split: str, attempts: int
     return written
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m training.traces", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, type=Path)
     parser.add_argument("--profile", default="cpu-tiny")
@@ -95,16 +99,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--leave-one-out", action="store_true")
     parser.add_argument("--max-tasks", type=int)
     parser.add_argument("--inject-known", action="store_true")
-    args = parser.parse_args(argv)
+    mix.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def select_tasks(args: argparse.Namespace) -> list[Task]:
+    """The labelled tasks to sample: --tasks less --held-out, cut to --max-tasks, the corpus mixed in, then the
+    leave-one-out views."""
+    held = set(args.held_out.read_text().split()) if args.held_out else set()
+    tasks = [t for t in load_tasks(args.tasks).tasks if t.test_outputs is not None and t.id not in held]
+    tasks = mix.apply(tasks[:args.max_tasks] if args.max_tasks else tasks, mix.resolve(args))
+    if args.leave_one_out:
+        tasks += [view for t in tasks for view in leave_one_out(t)]
+    return tasks
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    tasks = select_tasks(args)
     from transformers import AutoTokenizer
 
     from submission.main import make_engine
 
-    held = set(args.held_out.read_text().split()) if args.held_out else set()
-    tasks = [t for t in load_tasks(args.tasks).tasks if t.test_outputs is not None and t.id not in held]
-    tasks = tasks[:args.max_tasks] if args.max_tasks else tasks
-    if args.leave_one_out:
-        tasks += [view for t in tasks for view in leave_one_out(t)]
     done = set()
     if args.out.exists():
         done = {(r["task_id"], r["test_index"], r["attempt"]) for r in map(json.loads, args.out.read_text().splitlines())}
