@@ -8,7 +8,8 @@ solver's code, the profiles, the runtime requirements and the bundle's profile n
 with size and sha256, the lock, the kit's git commit, the model's provenance: source, expert list, recipe, patch, as
 build/ recorded them) and `dataset-metadata.json` for the Kaggle CLI (`kaggle datasets create -p DIR`). Files above
 `--max-file-bytes` are split into numbered parts and reassembled at boot (submission/boot.py). `verify` re-checks
-every hash and says what is wrong. The notebook is kaggle/notebook.ipynb (build.notebook).
+every hash and says what is wrong. A grid-line profile (`line = "grid"`) bundles build.grid_vocab's 16-token
+checkpoint the same way; boot runs it through submission.main, which hands it to the grid line. The notebook is kaggle/notebook.ipynb (build.notebook).
 """
 
 from __future__ import annotations
@@ -89,18 +90,41 @@ def upload_advice(dataset: Path, chosen_id: str) -> str:
     return f"{dataset}: verified; upload as {chosen_id} with `kaggle datasets create -p {dataset}`"
 
 
+def bundled_line(profile: str) -> str:
+    """The line a bundle of `profile` runs, "grid" or "reasoning", once its loader accepts it (a broken profile is
+    refused before gigabytes are copied). A combined profile (two models) is not bundled yet."""
+    from submission.config import load_profile
+    from submission.grid import NOT_BUNDLED, profile_line
+    from submission.grid.config import load_grid_profile
+
+    line = profile_line(profile)
+    if line == "both":
+        raise ValueError(NOT_BUNDLED.format(profile=profile))
+    (load_grid_profile if line == "grid" else load_profile)(profile)
+    return line or "reasoning"
+
+
+def model_problem(line: str, config: dict) -> str:
+    """What makes a checkpoint (its config.json) the wrong model for a line, "" if nothing: the grid line needs
+    build.grid_vocab's 16-token cut, the reasoning line a full vocabulary."""
+    from submission.grid.format import VOCAB
+
+    if (line == "grid") == (config.get("vocab_size") == VOCAB):
+        return ""
+    return (f"vocab_size {config.get('vocab_size')}: the {line} line needs "
+            + (f"the {VOCAB}-token grid model (build.grid_vocab)" if line == "grid" else "a full vocabulary"))
+
+
 def bundle(profile: str, model: Path, out: Path, target: str = "cpu-py311", dataset_id: str = PLACEHOLDER_ID,
            max_file_bytes: int = 20 * 2**30) -> Path:
-    from submission.config import load_profile
-    from submission.grid import NOT_BUNDLED, is_grid_profile
-
-    if is_grid_profile(profile):
-        raise ValueError(NOT_BUNDLED.format(profile=profile))
-    load_profile(profile)  # refuse an unknown or broken profile before copying gigabytes
+    line = bundled_line(profile)
     if out.exists():
         raise ValueError(f"{out}: already exists; refusing to overwrite")
     if not (model / "config.json").exists():
         raise ValueError(f"{model}: no config.json: not a checkpoint")
+    problem = model_problem(line, json.loads((model / "config.json").read_text()))
+    if problem:
+        raise ValueError(f"{model}: {problem}")
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     (partial / "wheels").mkdir(parents=True)

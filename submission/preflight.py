@@ -9,7 +9,9 @@ facts (nvidia-smi, the file system) and is the only part that does I/O, so tests
 module after the wheels are installed and before the solver: exit status 1 means refused, and the report says why.
 
 The memory check is an estimate (weights split evenly over tensor x pipeline ranks, plus the profile's KV cache,
-against vLLM's default 90% of each GPU's memory); activations and CUDA graphs are not counted.
+against vLLM's default 90% of each GPU's memory); activations and CUDA graphs are not counted. A grid-line profile
+(`line = "grid"`, submission/grid/) needs one GPU per distinct CUDA device of `run.devices`, each holding the whole
+model (its TTT adapter, activations and the search's KV cache are not counted), and a 16-token grid model.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from submission.config import Profile, ProfileError, load_profile
+from submission.grid import profile_line
+from submission.grid.config import GridProfile, load_grid_profile
+from submission.grid.format import VOCAB
 
 GIB = 2**30
 # CUDA 13 wheels (the kaggle-gpu locks: nvidia-cuda-runtime 13.x) need an R580 driver or newer (CUDA 13.0's minor-
@@ -68,10 +73,13 @@ def cuda_major(lock: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def gpus_needed(profile: Profile, cuda: int | None) -> int:
-    """GPUs the profile's engine uses on this bundle's target: none for a CPU-only lock."""
+def gpus_needed(profile: Profile | GridProfile, cuda: int | None) -> int:
+    """GPUs the profile's engine (or the grid line's workers) uses on this bundle's target: none for a CPU-only
+    lock."""
     if cuda is None:
         return 0
+    if isinstance(profile, GridProfile):
+        return len({d for d in profile.run.devices if d.startswith("cuda")})
     e = profile.engine
     return e.tensor_parallel_size * e.pipeline_parallel_size if e.kind == "vllm" else 1
 
@@ -84,7 +92,7 @@ def _config_value(config: dict, keys: tuple[str, ...]) -> int | None:
     return None
 
 
-def checks(profile: Profile, facts: Facts) -> list[Check]:
+def checks(profile: Profile | GridProfile, facts: Facts) -> list[Check]:
     """Every check, passed or not, in report order. Pure."""
     out = []
     cuda = cuda_major(facts.manifest.get("lock", ""))
@@ -93,14 +101,18 @@ def checks(profile: Profile, facts: Facts) -> list[Check]:
     names = ", ".join(sorted({g.name for g in facts.gpus})) or "none"
     out.append(Check("GPUs", found >= needed, f"{found} found ({names}), the profile {profile.name} needs {needed}"
                      + ("" if cuda else " (CPU-only wheels)")))
+    grid = isinstance(profile, GridProfile)
     if needed:
-        ranks = needed if profile.engine.kind == "vllm" else 1
-        per_gpu = facts.model_bytes / ranks + profile.engine.kv_cache_memory_bytes
         usable = min((g.memory_bytes for g in facts.gpus), default=0) * GPU_MEMORY_UTILIZATION
-        out.append(Check("GPU memory", per_gpu <= usable,
-                         f"about {per_gpu / GIB:.1f} GiB per GPU (weights {facts.model_bytes / GIB:.1f} GiB over "
-                         f"{ranks}, KV cache {profile.engine.kv_cache_memory_bytes / GIB:.1f} GiB) of "
-                         f"{usable / GIB:.1f} GiB usable (estimate)"))
+        if grid:
+            per_gpu = facts.model_bytes
+            detail = f"weights {per_gpu / GIB:.1f} GiB on each worker's GPU (TTT, activations, KV cache not counted)"
+        else:
+            ranks = needed if profile.engine.kind == "vllm" else 1
+            per_gpu = facts.model_bytes / ranks + profile.engine.kv_cache_memory_bytes
+            detail = (f"about {per_gpu / GIB:.1f} GiB per GPU (weights {facts.model_bytes / GIB:.1f} GiB over "
+                      f"{ranks}, KV cache {profile.engine.kv_cache_memory_bytes / GIB:.1f} GiB)")
+        out.append(Check("GPU memory", per_gpu <= usable, f"{detail} of {usable / GIB:.1f} GiB usable (estimate)"))
         floor = MIN_DRIVER.get(cuda)
         major = int(facts.driver.split(".")[0]) if facts.driver and facts.driver.split(".")[0].isdigit() else None
         out.append(Check("NVIDIA driver", major is not None and (floor is None or major >= floor),
@@ -110,13 +122,24 @@ def checks(profile: Profile, facts: Facts) -> list[Check]:
     out.append(Check("disk", facts.free_disk_bytes >= need_disk,
                      f"{facts.free_disk_bytes / GIB:.1f} GiB free, {need_disk / GIB:.1f} GiB needed (split files "
                      f"{facts.split_bytes / GIB:.1f} GiB + {DISK_MARGIN / GIB:.0f} GiB)"))
-    out += _model_checks(profile, facts)
+    out += _grid_model_checks(facts) if grid else _model_checks(profile, facts)
     named = facts.manifest.get("profile")
     out.append(Check("bundle", named == facts.bundle_profile == profile.name,
                      f"manifest profile {named}, kit/bundle.json {facts.bundle_profile}, running {profile.name}; "
                      f"target {facts.manifest.get('target', '?')}, kit commit "
                      f"{str(facts.manifest.get('kit_commit', '?'))[:12]}"))
     return out
+
+
+def _grid_model_checks(facts: Facts) -> list[Check]:
+    config = facts.model_config
+    if config is None:
+        return [Check("model config", False, "model/config.json is missing or not JSON")]
+    architectures = config.get("architectures") or []
+    return [Check("model architecture", bool(architectures), ", ".join(architectures) or "none in config.json"),
+            Check("grid vocabulary", config.get("vocab_size") == VOCAB,
+                  f"config.json: vocab_size {config.get('vocab_size')}; the grid line needs {VOCAB} "
+                  f"(build.grid_vocab)")]
 
 
 def _model_checks(profile: Profile, facts: Facts) -> list[Check]:
@@ -200,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         facts = gather(args.bundle, args.work)
-        profile = load_profile(facts.bundle_profile)
+        profile = (load_grid_profile if profile_line(facts.bundle_profile) == "grid" else load_profile)(
+            facts.bundle_profile)
     except (OSError, ValueError, KeyError, ProfileError) as err:
         print(f"preflight: REFUSED, cannot read the bundle {args.bundle}: {err}")
         return 1

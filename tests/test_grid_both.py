@@ -139,13 +139,21 @@ def test_shipped_combined_profiles_give_each_line_its_share(tmp_path):
         load_both_profile(tmp_path / "bad.toml")
 
 
-@pytest.mark.parametrize("profile", ["grid-4b-4xL4", "both-4xL4"])
-def test_the_bundle_refuses_grid_side_profiles_with_the_reason(profile, tmp_path, capsys):
+def test_the_bundle_refuses_a_combined_profile_with_the_reason(tmp_path, capsys):
     from build.bundle import bundle
     from build.pipeline import main as pipeline
 
-    with pytest.raises(ValueError, match="does not carry the grid line yet"):
-        bundle(profile, tmp_path, tmp_path / "bundle")
+    with pytest.raises(ValueError, match="not both lines yet"):
+        bundle("both-4xL4", tmp_path, tmp_path / "bundle")
     with pytest.raises(SystemExit):
-        pipeline(["--profile", profile, "--out", str(tmp_path / "out")])
-    assert "lack PEFT" in capsys.readouterr().err and not (tmp_path / "bundle").exists()
+        pipeline(["--profile", "both-4xL4", "--out", str(tmp_path / "out")])
+    assert "submission.grid.both" in capsys.readouterr().err and not (tmp_path / "bundle").exists()
+
+
+def test_a_bundle_takes_the_model_its_line_runs():
+    from build.bundle import bundled_line, model_problem
+
+    assert bundled_line("grid-4b-4xL4") == "grid" and bundled_line("cpu-tiny") == "reasoning"
+    assert model_problem("grid", {"vocab_size": 16}) == model_problem("reasoning", {"vocab_size": 151936}) == ""
+    assert "build.grid_vocab" in model_problem("grid", {"vocab_size": 151936})
+    assert "full vocabulary" in model_problem("reasoning", {"vocab_size": 16})

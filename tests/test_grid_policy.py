@@ -115,3 +115,14 @@ def test_shipped_grid_profiles_load():
         from submission.grid.config import GridProfile
 
         _build(GridProfile, {"search": {"cut_off": 0.2}}, "x.toml")
+
+
+def test_a_scaled_run_fits_a_rehearsal_as_the_full_run_fits_twelve_hours():
+    """The commit run's rehearsal (submission.main --scale-schedule): grid-4b-4xL4 unscaled in 1,800 s would stop
+    new tasks after 900 s with a 1,200-s minimum per task; scaled, every margin and bound shrinks by 1800 / 43200."""
+    run = load_grid_profile("grid-4b-4xL4").run
+    small = run.scaled(1800.0)
+    f = 1800.0 / 43200.0
+    assert small.time_limit_s == 1800.0 and small.devices == run.devices and small.max_len == run.max_len
+    assert (small.hard_stop_margin_s, small.stop_new_margin_s) == (420.0 * f, 900.0 * f)
+    assert (small.min_task_s, small.max_task_s) == (1200.0 * f, 3000.0 * f)

@@ -1,7 +1,9 @@
 """The offline bundle boots with the network cut: a tiny bundle (CPU target, tiny model) installs into a fresh virtual
 environment from its own wheels only, passes the preflight and runs the commit run's rehearsal on three ARC-AGI-2
 evaluation tasks (an attempt per task, written and scored) while submission.json stays the complete [[0]] file of the
-test set; a bundle missing a wheel fails with a message naming it and still leaves a complete [[0]] answer file.
+test set; a bundle missing a wheel fails with a message naming it and still leaves a complete [[0]] answer file. The
+grid line's bundle (grid-tiny: the tiny Qwen3 cut to 16 tokens, two worker processes, PEFT from the bundle's wheels)
+boots and rehearses the same way.
 Needs the engine environment and the CPU target's wheels (fetched into ~/.cache/arc-kit/wheels on first use: about
 500 MB)."""
 
@@ -30,11 +32,9 @@ socket.create_connection = _refuse
 """
 
 
-@pytest.fixture(scope="module")
-def offline(tmp_path_factory, arc_data):
-    root = tmp_path_factory.mktemp("offline")
-    model = make_checkpoint(root / "model", "qwen3", seed=0)
-    made = bundle("cpu-tiny", model, root / "bundle", target="cpu-py311")
+def kaggle_input(root: Path, arc_data: Path) -> dict:
+    """/kaggle/input as the commit run sees it (three small evaluation tasks as test and evaluation sets) and the
+    socket guard under `root`; the challenges."""
     challenges, solutions = {}, {}
     for file in sorted((arc_data / "arc-agi-2" / "evaluation").glob("*.json"), key=lambda f: f.stat().st_size)[:3]:
         task = json.loads(file.read_text())
@@ -47,7 +47,15 @@ def offline(tmp_path_factory, arc_data):
     (data / "arc-agi_evaluation_solutions.json").write_text(json.dumps(solutions))
     (root / "guard").mkdir()
     (root / "guard" / "sitecustomize.py").write_text(GUARD)
-    return root, made, challenges
+    return challenges
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory, arc_data):
+    root = tmp_path_factory.mktemp("offline")
+    model = make_checkpoint(root / "model", "qwen3", seed=0)
+    made = bundle("cpu-tiny", model, root / "bundle", target="cpu-py311")
+    return root, made, kaggle_input(root, arc_data)
 
 
 def boot(root: Path, bundle_dir: Path, name: str) -> subprocess.CompletedProcess:
@@ -102,3 +110,26 @@ def test_a_missing_wheel_fails_clearly_and_keeps_a_complete_answer_file(offline)
     assert {k: len(v) for k, v in answer.items()} == {k: len(v["test"]) for k, v in challenges.items()}
     assert all(slot == {"attempt_1": [[0]], "attempt_2": [[0]]} for slots in answer.values() for slot in slots)
 
+
+
+@pytest.mark.timeout(1800)
+def test_a_grid_line_bundle_boots_offline_and_rehearses(tmp_path, arc_data):
+    from build.grid_vocab import cut
+
+    challenges = kaggle_input(tmp_path, arc_data)
+    model = cut(make_checkpoint(tmp_path / "base", "qwen3", seed=0), tmp_path / "grid")
+    made = bundle("grid-tiny", model, tmp_path / "bundle", target="cpu-py311")
+    assert verify(made) == [] and "peft==" in json.loads((made / "manifest.json").read_text())["lock"]
+    result = boot(tmp_path, made, "grid")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "preflight: ok" in result.stdout and "ok   grid vocabulary" in result.stdout
+    assert "rehearsal ok: every one of 3 tasks" in result.stdout and "score: task-weighted" in result.stdout
+    answer = json.loads((tmp_path / "out-grid" / "submission.json").read_text())  # the commit run's: [[0]]
+    assert all(slot == {"attempt_1": [[0]], "attempt_2": [[0]]} for slots in answer.values() for slot in slots)
+    assert {k: len(v) for k, v in answer.items()} == {k: len(v["test"]) for k, v in challenges.items()}
+    attempts = [json.loads(line) for line in
+                (tmp_path / "out-grid" / "rehearsal" / "attempts.jsonl").read_text().splitlines()]
+    assert {a["task_id"] for a in attempts} == set(challenges)
+    assert all(a["grid"] is not None or a["parse_error"] for a in attempts)  # random weights may find no grid
+    rehearsed = json.loads((tmp_path / "out-grid" / "rehearsal" / "submission.json").read_text())
+    assert {k: len(v) for k, v in rehearsed.items()} == {k: len(v["test"]) for k, v in challenges.items()}

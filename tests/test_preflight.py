@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from submission.config import load_profile
+from submission.grid.config import load_grid_profile
 from submission.preflight import GIB, Facts, Gpu, checks, cuda_major, gather, parse_nvidia_smi, report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,6 +100,25 @@ def test_a_cpu_bundle_needs_no_gpu():
     assert all(c.ok for c in results) and "CPU-only wheels" in results[0].detail
 
 
+def test_a_grid_bundle_needs_a_gpu_per_worker_and_the_grid_vocabulary():
+    grid_config = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 16}
+    facts = Facts(gpus=(L4,) * 4, driver="580.82.07", free_disk_bytes=80 * GIB, split_bytes=0, model_bytes=8 * GIB,
+                  model_config=grid_config, manifest={"lock": GPU_LOCK, "profile": "grid-4b-4xL4", "model": {}},
+                  bundle_profile="grid-4b-4xL4")
+    profile = load_grid_profile("grid-4b-4xL4")
+    results = checks(profile, facts)
+    assert [c.name for c in results if not c.ok] == [] and "needs 4" in results[0].detail
+    assert {"GPU memory", "NVIDIA driver", "grid vocabulary", "bundle"} <= {c.name for c in results}
+    bad = {c.name: c.detail for c in checks(profile, replace(facts, gpus=(L4,) * 2, model_bytes=30 * GIB,
+                                                             model_config={**grid_config, "vocab_size": 151936}))
+           if not c.ok}
+    assert set(bad) == {"GPUs", "GPU memory", "grid vocabulary"} and "build.grid_vocab" in bad["grid vocabulary"]
+    cpu = replace(facts, gpus=(), driver=None, manifest={"lock": CPU_LOCK, "profile": "grid-tiny", "model": {}},
+                  bundle_profile="grid-tiny")
+    results = checks(load_grid_profile("grid-tiny"), cpu)
+    assert all(c.ok for c in results) and "CPU-only wheels" in results[0].detail
+
+
 def fake_bundle(root: Path, profile: str, lock: str, config: dict) -> Path:
     """The parts of a bundle that preflight reads, with the model's weights split in two parts."""
     (root / "kit").mkdir(parents=True)
@@ -128,3 +148,7 @@ def test_the_command_refuses_a_four_gpu_profile_on_this_machine(tmp_path):
     assert passed.returncode == 0 and passed.stdout.startswith("preflight: ok"), passed.stdout + passed.stderr
     refused = subprocess.run(command + [str(moe)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 1 and "FAIL GPUs" in refused.stdout and "needs 4" in refused.stdout
+    grid = fake_bundle(tmp_path / "grid", "grid-tiny", CPU_LOCK, {"architectures": ["Qwen3ForCausalLM"],
+                                                                 "vocab_size": 16})
+    passed = subprocess.run(command + [str(grid)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert passed.returncode == 0 and "ok   grid vocabulary" in passed.stdout, passed.stdout + passed.stderr

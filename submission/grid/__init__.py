@@ -8,9 +8,8 @@ import tomllib
 from pathlib import Path
 
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"
-NOT_BUNDLED = ("{profile}: a grid-line or combined profile; the bundle does not carry the grid line yet (its runtime "
-               "locks lack PEFT, and the preflight and the commit run's rehearsal know only reasoning profiles): run "
-               "it with python -m submission.grid.main or submission.grid.both")
+NOT_BUNDLED = ("{profile}: a combined profile; the bundle carries one line's model and profile (a reasoning or a "
+               "grid-line profile), not both lines yet: run it with python -m submission.grid.both")
 
 
 def profile_path(name_or_path: str | Path) -> Path:

@@ -6,13 +6,14 @@
     [search]   views, cut-off and time per batch of the search         (SearchConfig)
     [rescore]  fresh views for the rescoring                           (RescoreConfig)
     [run]      workers, their devices and contexts, time limits        (RunConfig)
+    [build]    the bundle's wheel target                               (GridBuildConfig)
 
 Unknown sections and keys are refused with the file, section and key (submission.config's checker).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from submission.config import _build, _toml_value, read_profile
@@ -74,6 +75,16 @@ class RunConfig:
     def context(self, worker: int) -> int:
         return self.max_len[min(worker, len(self.max_len) - 1)]
 
+    def scaled(self, time_limit_s: float) -> RunConfig:
+        """This run in miniature for a shorter time limit (the commit run's rehearsal, submission.main
+        --scale-schedule): the margins and the bounds on a task's limit multiplied by time_limit_s / self.time_limit_s,
+        so a rehearsal of a few tasks in 30 minutes starts them all as the full run would (unscaled, grid-4b-4xL4's
+        15-minute stop-new margin and 20-minute minimum task would leave one task). As ScheduleConfig.scaled."""
+        f = time_limit_s / self.time_limit_s
+        return replace(self, time_limit_s=time_limit_s, hard_stop_margin_s=self.hard_stop_margin_s * f,
+                       stop_new_margin_s=self.stop_new_margin_s * f, min_task_s=self.min_task_s * f,
+                       max_task_s=self.max_task_s * f)
+
     @property
     def hard_stop(self) -> float:
         return self.time_limit_s - self.hard_stop_margin_s
@@ -81,6 +92,14 @@ class RunConfig:
     @property
     def stop_new(self) -> float:
         return self.time_limit_s - self.stop_new_margin_s
+
+
+@dataclass(frozen=True)
+class GridBuildConfig:
+    """How `make bundle` / build.pipeline lays out this profile's Kaggle dataset: the checkpoint goes in as it is
+    (build.grid_vocab's cut, fine-tuned or not); no pruning or quantisation on this line."""
+
+    target: str = "cpu-py311"  # offline_wheels/targets.toml
 
 
 @dataclass(frozen=True)
@@ -92,6 +111,7 @@ class GridProfile:
     search: SearchConfig = field(default_factory=SearchConfig)
     rescore: RescoreConfig = field(default_factory=RescoreConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    build: GridBuildConfig = field(default_factory=GridBuildConfig)
 
 
 def load_grid_profile(name_or_path: str | Path) -> GridProfile:
@@ -102,7 +122,7 @@ def load_grid_profile(name_or_path: str | Path) -> GridProfile:
 def grid_profile_to_toml(profile: GridProfile) -> str:
     """The profile as TOML, every value (a run's copy; the combined run hands its grid line one)."""
     lines = [f"name = {_toml_value(profile.name)}", f"line = {_toml_value(profile.line)}"]
-    for section in ("model", "ttt", "search", "rescore", "run"):
+    for section in ("model", "ttt", "search", "rescore", "run", "build"):
         lines.append(f"\n[{section}]")
         lines += [f"{key} = {_toml_value(value)}" for key, value in asdict(getattr(profile, section)).items()]
     return "\n".join(lines) + "\n"

@@ -1,19 +1,22 @@
 """The grid line's solver: workers on a shared queue, answers rewritten after every task (SPEC section 10).
 
     python -m submission.grid.main --tasks PATH --out submission.json --profile grid-tiny [--model DIR]
-                                   [--deadline SECONDS] [--log attempts.jsonl] [--resume] [--solutions PATH]
-                                   [--max-tasks N]
+                                   [--deadline SECONDS [--scale-schedule]] [--log attempts.jsonl] [--resume]
+                                   [--solutions PATH] [--max-tasks N]
 
 `python -m submission.main` with a grid-line profile (one with `line = "grid"`) runs this too. The answer file
 exists, complete, before any work starts; the log gets two records per test input (attempt 1 carries every
 candidate with its hits, NLL and score). A watchdog (the reasoning line's) ends the process before the deadline
-whatever the workers do. An existing log is refused unless `--resume`, which continues from it: tasks whose records
-are all in the log are restored (answers included), never redone; the others are queued again.
+whatever the workers do; SIGTERM (the notebook's rehearsal, once every task has an attempt) starts no new task,
+ends the running ones and exits with status 143, the answers so far written. An existing log is refused unless
+`--resume`, which continues from it: tasks whose records are all in the log are restored (answers included), never
+redone; the others are queued again.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -32,6 +35,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="grid-tiny", help="profile name (profiles/NAME.toml) or TOML path")
     p.add_argument("--model", help="grid checkpoint folder (build.grid_vocab's output)")
     p.add_argument("--deadline", type=float, help="time limit in seconds from now")
+    p.add_argument("--scale-schedule", action="store_true",
+                   help="scale the margins and task limits to --deadline (the commit run's rehearsal)")
     p.add_argument("--log", type=Path, help="attempt log (JSONL) to append to")
     p.add_argument("--resume", action="store_true", help="continue from --log without redoing finished tasks")
     p.add_argument("--solutions", type=Path, help="labels, to print the score at the end")
@@ -48,7 +53,9 @@ def run(args: argparse.Namespace) -> int:
         profile: GridProfile = load_grid_profile(args.profile)
         if args.model:
             profile = replace(profile, model=replace(profile.model, path=str(args.model)))
-        if args.deadline:
+        if args.deadline and getattr(args, "scale_schedule", False):
+            profile = replace(profile, run=profile.run.scaled(args.deadline))
+        elif args.deadline:
             profile = replace(profile, run=replace(profile.run, time_limit_s=args.deadline))
         tasks = run_tasks(args)
     except (ProfileError, LoadError, ValueError) as err:
@@ -65,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
     for error in tasks.errors:
         print(f"skipped (answered [[0]]): {error}", file=sys.stderr)
     coordinator = Coordinator(profile, tasks, args.out, args.log, resume=args.resume)
+    try:
+        signal.signal(signal.SIGTERM, lambda *_: coordinator.stop("SIGTERM"))
+    except ValueError:  # not the main thread (an in-process caller): SIGTERM keeps its default
+        pass
     stats = coordinator.run()
     answered = sum(1 for pair in coordinator.answers.answers.values() if pair[0] != ((0,),))
     print(f"tasks done: {len(stats.done)} of {len(tasks.tasks)} (restored: {len(stats.restored)}); "
@@ -74,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     if labels:
         report = score(render_submission(coordinator.answers.test_counts, coordinator.answers.answers), labels)
         print(f"score: task-weighted {report.task_weighted:.2f}, input-weighted {report.input_weighted:.2f}")
-    return 0
+    return 143 if coordinator.stopping == "SIGTERM" else 0
 
 
 def main(argv: list[str] | None = None) -> int:

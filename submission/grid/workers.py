@@ -8,8 +8,8 @@ message, which reads as end of file. The coordinator is the only writer: it appe
 attempt log and rewrites the answer file atomically after every task. It watches the workers: a process that dies
 (killed, out of memory) or overruns its task's limit by more than `GRACE_S` is retired and its task goes back to the
 front of the queue for another worker (once); a worker that fails `run.max_failures` tasks in a row is told to exit.
-A worker whose coordinator is gone exits when idle. No task starts after `run.stop_new`; at the hard stop every
-worker is terminated and the answers so far stand.
+A worker whose coordinator is gone exits when idle. No task starts after `run.stop_new`; at the hard stop (or on
+`stop`: SIGTERM) every worker is terminated and the answers so far stand.
 
 `resume`: a run restarted with the log of a killed one restores every task whose records (attempts 1 and 2 of every
 test input) are all in the log, answers included, and queues only the others. A task killed while its records were
@@ -137,6 +137,7 @@ class Coordinator:
         self.by_id: dict[str, Task] = {t.id: t for t in tasks.tasks}
         self.answers = AnswerFile(out, tasks.test_counts())
         self.stats = RunStats()
+        self.stopping = ""  # why the run ends early ("SIGTERM"): no new task, the running ones ended (stop)
         if resume and log and Path(log).exists():
             self.restore(Path(log))
         self.log = AttemptLog(log) if log else None
@@ -146,6 +147,11 @@ class Coordinator:
         restored = set(self.stats.restored)
         self.queue = TaskQueue({t.id: task_cost(t) for t in tasks.tasks if t.id not in restored}, run.min_task_s,
                                run.max_task_s, run.max_failures)
+
+    def stop(self, reason: str) -> None:
+        """End the run early, as at the hard stop (a signal handler calls it): the loop sees it within 0.2 s."""
+        print(f"{reason}: no new tasks; ending the running ones with the answers so far", file=sys.stderr, flush=True)
+        self.stopping = reason
 
     def restore(self, log: Path) -> None:
         """The tasks an earlier run of this log finished: their answers into the answer file, their ids into
@@ -186,7 +192,7 @@ class Coordinator:
         busy: dict[int, tuple[str, float, float]] = {}  # worker -> (task id, started, limit)
         gone: set[int] = set()
         try:
-            while self.clock() < run.hard_stop:
+            while self.clock() < run.hard_stop and not self.stopping:
                 live = [w for w in range(len(processes)) if w not in gone and w not in self.queue.retired]
                 for w in sorted(ready - set(busy) - gone):
                     nxt = self.queue.next(w, self.clock(), run.stop_new, run.hard_stop, len(live), len(busy))
