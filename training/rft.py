@@ -274,16 +274,15 @@ def merge(config: TrainConfig) -> Path:
         patch(target, out / "merged-patched")
         result = out / "merged-patched"
     if config.recipe:
-        from build.quantize import quantize
+        from build.quantize import calibrated_scales, quantize
 
         kv = amax = None
         if config.calibration_tasks:  # new weights, new activations: the base's scales no longer hold
-            from build.input_scales import input_amax
-            from build.kv_scales import calibration_prompts, kv_amax, scales
             from submission.tasks import load_tasks
 
-            prompts = calibration_prompts(result, load_tasks(config.calibration_tasks).tasks, 256)
-            kv, amax = scales(kv_amax(result, prompts)) if config.kv_scales else None, input_amax(result, prompts)
+            # one layer-by-layer pass for both (it was two: the KV cache's, then the inputs')
+            kv, amax = calibrated_scales(result, config.recipe, load_tasks(config.calibration_tasks).tasks, 256)
+            kv = kv if config.kv_scales else None
         quantize(result, config.recipe, out / "merged-quantized", kv, amax)
         result = out / "merged-quantized"
     return result
