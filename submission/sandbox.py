@@ -31,7 +31,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Callable
 
-from submission.grids import Grid, to_grid, to_json
+from submission.grids import Grid, GridError, from_cells, to_cells, to_json
 from submission.tasks import Task, load_tasks
 
 SERVER = Path(__file__).with_name("sandbox_server.py")
@@ -99,12 +99,20 @@ class CheckResult:
                 "test": [pair(p) for p in self.test], "cpu_s": self.cpu_s, "wall_s": self.wall_s}
 
 
+_REPORTED = {"invalid", "error", "timeout", "crash"}  # what a result line may say besides "ok"
+
+
 def _pair(raw: dict, expected: Grid | None) -> PairResult:
     status = raw.get("status")
     if status == "ok":
-        grid = to_grid(raw["output"])
+        try:
+            grid = from_cells(raw["output"])
+        except (GridError, KeyError) as err:  # the result pipe is writable by the program: never trust its bytes
+            return PairResult(Status.INVALID, None, type(err).__name__, f"malformed result line: {err}"[:400])
         verdict = Status.PRODUCED if expected is None else Status.RIGHT if grid == expected else Status.WRONG
         return PairResult(verdict, grid)
+    if status not in _REPORTED:
+        return PairResult(Status.INVALID, None, None, f"malformed result line: status {status!r:.40}")
     return PairResult(Status(status), None, raw.get("error_type"), raw.get("message"))
 
 
@@ -121,9 +129,9 @@ def judge(raw_outputs: list[dict], train_outputs: tuple[Grid, ...], test_outputs
 
 @functools.lru_cache(maxsize=64)
 def _encoded_grids(grids: tuple[Grid, ...]) -> bytes:
-    """A task's inputs as JSON, encoded once: a solver checks many programs against the same task, and encoding five
-    30x30 grids was the largest cost of a check in the caller (cProfile, issue 20). json writes tuples as lists."""
-    return json.dumps(grids).encode()
+    """A task's inputs in the wire form (`submission.grids.to_cells`), as a JSON list, encoded once: a solver checks
+    many programs against the same task (encoding was the largest cost of a check in the caller; cProfile, issue 20)."""
+    return json.dumps([to_cells(g) for g in grids]).encode()
 
 
 class SandboxError(RuntimeError):
@@ -163,7 +171,10 @@ class Sandbox:
     def _start(self) -> None:
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                    NUMEXPR_NUM_THREADS="1", ARC_SANDBOX_SECCOMP="1" if self.seccomp else "0")
-        self._proc = subprocess.Popen([sys.executable, "-I", str(SERVER)], stdin=subprocess.PIPE,
+        limits = {"cpu_s": self.limits.cpu_s, "memory_bytes": self.limits.memory_mb << 20,
+                  "wall_s": self.limits.wall_s, "backstop_s": self.limits.backstop_s,
+                  "max_result_bytes": self.limits.max_result_bytes}
+        self._proc = subprocess.Popen([sys.executable, "-I", str(SERVER), json.dumps(limits)], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                                       start_new_session=True)
         hello = self._read_line(self.start_timeout_s)
@@ -236,11 +247,7 @@ class Sandbox:
     def run(self, program: str, inputs: list[Grid]) -> tuple[list[dict], float, float]:
         """The raw per-input records for a program on some grids, with CPU and wall seconds. Never raises for the
         server's death: a check it could not run reports every input as a crash."""
-        limits = {"cpu_s": self.limits.cpu_s, "memory_bytes": self.limits.memory_mb << 20,
-                  "wall_s": self.limits.wall_s, "backstop_s": self.limits.backstop_s,
-                  "max_result_bytes": self.limits.max_result_bytes}
-        data = (b'{"program": ' + json.dumps(program).encode() + b', "limits": ' + json.dumps(limits).encode()
-                + b', "inputs": ' + _encoded_grids(tuple(inputs)) + b"}\n")
+        data = b'{"program": ' + json.dumps(program).encode() + b', "inputs": ' + _encoded_grids(tuple(inputs)) + b"}\n"
         with self._lock:
             started = time.monotonic()
             for _ in range(2):  # a request the server never received is sent once more to a new server

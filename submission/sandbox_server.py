@@ -1,9 +1,10 @@
 """The warm sandbox server: one forked child per program check. Started by `submission.sandbox.Sandbox`, never by hand.
 
 Why a server: a fresh interpreter that imports numpy costs ~290 ms per check; forking a warm process that has already
-imported numpy costs a few ms (benchmarks/RESULTS.md). The server reads one JSON request per line on stdin and answers
-one JSON line on stdout; children report one size-capped JSON line per grid over a pipe (never pickle: the parent must
-not execute anything a child sends).
+imported numpy costs a few ms (benchmarks/RESULTS.md). The server takes the checks' limits as JSON in argv[1], reads one
+JSON request per line on stdin ({"program", "inputs"}) and answers one JSON line on stdout; children report one
+size-capped JSON line per grid over a pipe (never pickle: the parent must not execute anything a child sends). Grids
+travel as digit rows joined by "/" (`submission.grids.to_cells`), which the caller checks before trusting.
 
 Layers, strongest last; each is reported in the hello line so callers know what is active:
 - own session + process group, killed with SIGKILL and reaped after every check (always);
@@ -44,7 +45,7 @@ from pathlib import Path
 # Run as a script under `python -I`: make the kit importable without trusting PYTHONPATH or the working directory.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from submission.grids import to_grid  # noqa: E402
+from submission.grids import from_cells, to_cells, to_grid  # noqa: E402
 
 # Modules a transform may use, imported before any fork so children start warm (and need no file access for them).
 WARM_MODULES = ("numpy", "numpy.linalg", "collections", "itertools", "functools", "math", "copy", "heapq", "re",
@@ -127,8 +128,9 @@ def _setup_server() -> tuple[dict, object]:
     return layers, (None if isinstance(compiled, str) else compiled)
 
 
-def _child(request_fd: int, wfd: int, seccomp) -> None:
-    """Runs in the forked child: isolate, wait for the request, run `transform` on every input, report, exit."""
+def _child(request_fd: int, wfd: int, seccomp, limits: dict) -> None:
+    """Runs in the forked child: isolate (limits and seccomp too, so that none of it is paid once the request has
+    come), wait for the request, run `transform` on every input, report, exit."""
     os.setsid()
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -138,11 +140,6 @@ def _child(request_fd: int, wfd: int, seccomp) -> None:
     os.closerange(3, keep[0])
     os.closerange(keep[0] + 1, keep[1])
     os.closerange(keep[1] + 1, 4096)
-    with os.fdopen(request_fd, "rb") as f:
-        request = json.loads(f.read() or b"null")
-    if request is None:
-        os._exit(0)  # the server closed without a request (shutdown)
-    inputs, limits = request["inputs"], request["limits"]
     cpu = int(limits["cpu_s"])
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_AS, (limits["memory_bytes"], limits["memory_bytes"]))
@@ -154,6 +151,11 @@ def _child(request_fd: int, wfd: int, seccomp) -> None:
         _prctl(_PR_SET_NO_NEW_PRIVS, 1)
         if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(seccomp[1]), 0, 0) != 0:
             os._exit(70)  # never run a program with fewer layers than the server reported
+    with os.fdopen(request_fd, "rb") as f:
+        request = json.loads(f.read() or b"null")
+    if request is None:
+        os._exit(0)  # the server closed without a request (shutdown)
+    inputs = [[list(row) for row in from_cells(text)] for text in request["inputs"]]  # lists, as JSON would give
     out = os.fdopen(wfd, "w")
 
     def report(i: int, status: str, output=None, err: BaseException | None = None) -> None:
@@ -190,7 +192,7 @@ def _child(request_fd: int, wfd: int, seccomp) -> None:
             report(i, "error", err=err)
             continue
         try:
-            report(i, "ok", to_grid(result))  # json writes the tuples as lists
+            report(i, "ok", to_cells(to_grid(result)))
         except BaseException as err:  # noqa: BLE001 - GridError, or a hostile __len__ or __iter__
             report(i, "invalid", err=err)
     finish()
@@ -199,7 +201,7 @@ def _child(request_fd: int, wfd: int, seccomp) -> None:
 class Spare:
     """A child forked ahead of time, isolated and waiting for its request: the fork's cost is paid between checks."""
 
-    def __init__(self, seccomp):
+    def __init__(self, seccomp, limits: dict):
         request_r, self.request_w = os.pipe()
         self.result_r, result_w = os.pipe()
         self.pid = os.fork()
@@ -207,7 +209,7 @@ class Spare:
             try:
                 os.close(self.request_w)
                 os.close(self.result_r)
-                _child(request_r, result_w, seccomp)
+                _child(request_r, result_w, seccomp, limits)
             finally:
                 os._exit(71)
         os.close(request_r)
@@ -306,7 +308,7 @@ def _classify_missing(ending: Ending, status: int, cpu: float, limits: dict) -> 
     return {"status": "crash", "message": f"exited with code {os.WEXITSTATUS(status)} before finishing"}
 
 
-def collect(request: dict, child: Spare, start: float) -> tuple[bytes, object]:
+def collect(request: dict, limits: dict, child: Spare, start: float) -> tuple[bytes, object]:
     """Collect the child's lines under the byte cap and the deadline (from `start`), then kill its group.
 
     The deadline is `wall_s` of wall clock not spent waiting for a CPU (a sleeping or blocked program is stopped at
@@ -315,7 +317,7 @@ def collect(request: dict, child: Spare, start: float) -> tuple[bytes, object]:
     wait): approximate, measured on the child's main thread.
     Returns the reply and a function that reaps the child (called after the reply is sent when the child reported
     everything, so its exit does not delay the caller)."""
-    n, limits = len(request["inputs"]), request["limits"]
+    n = len(request["inputs"])
     wall_s = limits["wall_s"]
     backstop_s = max(limits.get("backstop_s", wall_s), wall_s)
     lines: dict[int, bytes] = {}  # forwarded to the caller as they came: parsed here only for their index
@@ -398,6 +400,9 @@ def _enter_private_folder() -> None:
 
 
 def main() -> None:
+    """argv[1]: the checks' limits as JSON (`submission.sandbox.SandboxLimits`), fixed for the server's life so that
+    every spare child is forked with them already applied."""
+    limits = json.loads(sys.argv[1])
     parent = os.getppid()
     for name in WARM_MODULES:
         __import__(name)
@@ -408,7 +413,7 @@ def main() -> None:
     stdout.write(json.dumps({"ready": True, "pid": os.getpid(), "layers": layers}).encode() + b"\n")
     stdout.flush()
     sweep = seccomp is None  # with seccomp no child can fork, so there is nothing to sweep
-    spare = Spare(seccomp)
+    spare = Spare(seccomp, limits)
     try:
         while (raw := _next_request(parent)) is not None:
             child, spare = spare, None
@@ -419,11 +424,11 @@ def main() -> None:
                     _write_all(child.request_w, raw)
                 except BrokenPipeError:  # the spare died while waiting (killed from outside): use a fresh one
                     child.discard()
-                    child = Spare(seccomp)
+                    child = Spare(seccomp, limits)
                     _write_all(child.request_w, raw)
                 os.close(child.request_w)
-                spare = Spare(seccomp)  # forked while `child` runs (the machine has >= 2 cores)
-                reply, reap = collect(request, child, start)
+                spare = Spare(seccomp, limits)  # forked while `child` runs (the machine has >= 2 cores)
+                reply, reap = collect(request, limits, child, start)
             except Exception:  # noqa: BLE001 - report server bugs to the client instead of dying silently
                 reply, reap = json.dumps({"server_error": traceback.format_exc(limit=5)}).encode(), child.discard
             if sweep:  # before the reply: when a check returns, nothing it started is still alive
@@ -433,7 +438,7 @@ def main() -> None:
             stdout.flush()
             if not sweep:
                 reap()  # after the reply: the child's exit does not delay the caller
-            spare = spare or Spare(seccomp)
+            spare = spare or Spare(seccomp, limits)
     finally:
         if spare is not None:
             spare.discard()

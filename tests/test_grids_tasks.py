@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from submission.grids import GridError, to_grid
+from submission.grids import GridError, from_cells, to_cells, to_grid
 from submission.tasks import LoadError, load_labels, load_tasks
 
 
@@ -37,6 +37,22 @@ def test_good_grids_normalise_to_int_tuples():
     assert to_grid(np.array([[1, 2]], dtype=np.int8)) == ((1, 2),)
     assert to_grid(np.array([[1.0, 2.0]])) == ((1, 2),)
     assert to_grid([[0] * 30] * 30) == tuple((0,) * 30 for _ in range(30))
+
+
+def test_wire_form_round_trips_every_real_grid(arc_data):
+    """The sandbox carries grids as digit rows joined by "/": exact for every grid of ARC-AGI-2 training."""
+    grids = [g for t in load_tasks(arc_data / "arc-agi-2" / "training").tasks
+             for g in [*(x for p in t.train for x in (p.input, p.output)), *t.test_inputs, *(t.test_outputs or ())]]
+    assert len(grids) > 8000
+    assert all(from_cells(to_cells(g)) == g for g in grids)
+    assert to_cells(((0, 1), (2, 3))) == "01/23"
+
+
+@pytest.mark.parametrize("text", ["", "1/", "/1", "12/3", "1a", "12/3x", "1" * 31, "/".join(["1"] * 31), "1//1",
+                                  "١٢", None, 12, "12\n"])
+def test_malformed_wire_form_is_refused(text):
+    with pytest.raises(GridError):
+        from_cells(text)
 
 
 def test_loads_real_evaluation_directory(arc_data):
