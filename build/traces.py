@@ -1,4 +1,4 @@
-"""Calibration traces for `build.calibrate` from real ARC tasks (a generated corpus mixed in on request), through the solver's own prompt renderer.
+"""Calibration traces for `build.calibrate` from real ARC tasks, through the solver's own prompt renderer.
 
     python -m build.traces --model DIR --tasks DIR [--max-tasks 24] [--thinking 96] --out traces.jsonl
                            [--config FILE.toml] [--corpus DIR --corpus-fraction F --corpus-seed S]
@@ -7,10 +7,10 @@ Each trace: the task's prompt exactly as the solver renders it (chat template, t
 model itself (T=0.6), then an answer: the true output grid, the program cue and a program (the example program for the
 task where examples/programs has one, else a stand-in), with the segment boundaries marked. `--thinking 0` leaves the
 thinking empty and never loads the model (checkpoints too large to run whole, e.g. the full-topology ones). For a
-real model, prefer traces from a real run (the solver's completions); this maker is for demos and for models that cannot run the solver.
-`--corpus` mixes the training tasks of a generated corpus in at `--corpus-fraction` (or as the `[corpus]` table of
-`--config` says), as `training.traces` does: training/corpus/mix.py. `--max-tasks` counts the real tasks (those with
-an example program first); the corpus adds its share on top.
+real model, prefer traces from a real run (the solver's completions); this maker is for demos and for models that
+cannot run the solver. `--corpus` mixes the training tasks of a generated corpus in at `--corpus-fraction` (or as
+the `[corpus]` table of `--config` says), as `training.traces` does: training/corpus/mix.py. `--max-tasks` counts the
+real tasks (those with an example program first); the corpus adds its share on top.
 """
 
 from __future__ import annotations
