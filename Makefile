@@ -63,7 +63,7 @@ test: engine-env build-env unsloth-env vllm-gpu-wheel
 	$(BPY) -m pytest -q tests/test_prune.py tests/test_patch_eot.py tests/test_quantize.py tests/test_pipeline.py \
 	    tests/test_rft.py tests/test_fused_groups.py tests/test_layerwise.py tests/test_build_scale.py
 	$(BPY) -m pytest -q tests/test_grid_ttt.py tests/test_grid_workers.py tests/test_grid_tune.py \
-	    tests/test_grid_resume.py tests/test_grid_both.py
+	    tests/test_grid_resume.py tests/test_grid_both.py tests/test_corpus_mix.py
 	$(UPY) -m pytest -q tests/test_rft.py tests/test_grid_tune.py -k unsloth
 
 # The suite without the engine environment (engine tests skip): CI runs it on the second Python version.
@@ -120,6 +120,12 @@ simulate: env
 	    --profile moe-4xL4 --hidden-tasks 240 --runs 50 --sensitivity --sweep dense-27b-4xL4 --compare-fifo --out $(OUT)/simulate \
 	    --json $(OUT)/simulate/forecast.json
 
+# A generated corpus (make corpus-demo) mixed into the tasks of prune-demo's calibration traces, train-rft's traces and
+# train-grid's rows (training/corpus/mix.py): e.g. make train-rft CORPUS_MIX=out/corpus-demo. Its share of the tasks is
+# the [corpus] fraction of training/rft-tiny.toml, the demos' one corpus table. Unset (the default): real tasks only.
+CORPUS_MIX ?=
+CORPUS_MIX_ARGS = $(if $(CORPUS_MIX),--config training/rft-tiny.toml --corpus $(CORPUS_MIX))
+
 # Expert pruning end to end on a tiny Qwen3-MoE: traces from real ARC tasks through the solver's prompt renderer,
 # routing statistics, expert lists and their report, the pruned checkpoint.
 # With TOPOLOGY=qwen3-next-80b (or qwen3-30b-a3b): the real model's tensors at tiny widths (build.topology), and every
@@ -133,7 +139,7 @@ prune-demo: build-env
 ifeq ($(TOPOLOGY),)
 	$(BPY) -m build.tiny --arch qwen3_moe --out $(PD)/model --max-shard-size 300KB
 	$(BPY) -m build.traces --model $(PD)/model --tasks $(ARC_DATA)/arc-agi-2/training --max-tasks 24 \
-	    --out $(PD)/traces.jsonl
+	    --out $(PD)/traces.jsonl $(CORPUS_MIX_ARGS)
 	$(BPY) -m build.calibrate --model $(PD)/model --traces $(PD)/traces.jsonl --out $(PD)/stats.npz
 	$(BPY) -m build.experts --stats $(PD)/stats.npz --config build/lists-tiny.toml --out $(PD)/lists
 	$(BPY) -m build.prune --model $(PD)/model --list $(PD)/lists/c1.json --out $(PD)/pruned
@@ -141,7 +147,7 @@ ifeq ($(TOPOLOGY),)
 else
 	$(TIMED) $(BPY) -m build.tiny --topology $(TOPOLOGY) --out $(PD)/model
 	$(TIMED) $(BPY) -m build.traces --model $(PD)/model --tasks $(ARC_DATA)/arc-agi-2/training --max-tasks 4 \
-	    --thinking 0 --out $(PD)/traces.jsonl
+	    --thinking 0 --out $(PD)/traces.jsonl $(CORPUS_MIX_ARGS)
 	$(TIMED) $(BPY) -m build.calibrate --model $(PD)/model --traces $(PD)/traces.jsonl --out $(PD)/stats.npz
 	$(TIMED) $(BPY) -m build.experts --stats $(PD)/stats.npz --config build/lists.toml --out $(PD)/lists
 	$(TIMED) $(BPY) -m build.prune --model $(PD)/model --list $(PD)/lists/c8.json --out $(PD)/pruned
@@ -177,7 +183,7 @@ train-rft: engine-env build-env
 	rm -rf $(RFT) && mkdir -p $(RFT)
 	$(EPY) -m build.tiny --arch qwen3 --out $(RFT)/base
 	$(EPY) -m training.traces --model $(RFT)/base --profile cpu-tiny --tasks $(ARC_DATA)/arc-agi-2/training \
-	    --max-tasks 4 --attempts 2 --cap 64 --inject-known --out $(RFT)/traces.jsonl
+	    --max-tasks 4 --attempts 2 --cap 64 --inject-known --out $(RFT)/traces.jsonl $(CORPUS_MIX_ARGS)
 	$(BPY) -m training.dataset --traces $(RFT)/traces.jsonl --tasks $(ARC_DATA)/arc-agi-2/training \
 	    --model $(RFT)/base --out $(RFT)/rows.jsonl
 	$(BPY) -m training.rft --config training/rft-tiny.toml
@@ -191,7 +197,7 @@ train-grid: build-env
 	$(BPY) -m build.tiny --arch qwen3 --out $(GT)/base
 	$(BPY) -m build.grid_vocab --model $(GT)/base --out $(GT)/grid
 	$(BPY) -m training.grid_tune --model $(GT)/grid --tasks $(ARC_DATA)/arc-agi-2/training --max-tasks 4 \
-	    --out $(GT)/run --steps 16 --checkpoint-every 4 --rank 8 --lr 3e-3 --max-len 2048
+	    --out $(GT)/run --steps 16 --checkpoint-every 4 --rank 8 --lr 3e-3 --max-len 2048 $(CORPUS_MIX_ARGS)
 	$(BPY) -m training.grid_tune --model $(GT)/grid --out $(GT)/run --merge
 
 # Synthetic ARC tasks from typed rules (training/corpus/README.md): four families and depth-2 composites, gated on both

@@ -1,12 +1,16 @@
 """Calibration traces for `build.calibrate` from real ARC tasks, through the solver's own prompt renderer.
 
     python -m build.traces --model DIR --tasks DIR [--max-tasks 24] [--thinking 96] --out traces.jsonl
+                           [--config FILE.toml] [--corpus DIR --corpus-fraction F --corpus-seed S]
 
 Each trace: the task's prompt exactly as the solver renders it (chat template, thinking on), thinking sampled from the
 model itself (T=0.6), then an answer: the true output grid, the program cue and a program (the example program for the
 task where examples/programs has one, else a stand-in), with the segment boundaries marked. `--thinking 0` leaves the
 thinking empty and never loads the model (checkpoints too large to run whole, e.g. the full-topology ones). For a
-real model, prefer traces from a real run (the solver's completions); this maker is for demos and for models that cannot run the solver.
+real model, prefer traces from a real run (the solver's completions); this maker is for demos and for models that
+cannot run the solver. `--corpus` mixes the training tasks of a generated corpus in at `--corpus-fraction` (or as
+the `[corpus]` table of `--config` says), as `training.traces` does: training/corpus/mix.py. `--max-tasks` counts the
+real tasks (those with an example program first); the corpus adds its share on top.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from pathlib import Path
 from submission.answer import THINK_END
 from submission.config import EngineConfig, PromptConfig
 from submission.prompt import grid_text, render
-from submission.tasks import load_tasks
+from submission.tasks import Task, load_tasks
+from training.corpus import mix
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "programs"
 STAND_IN = "def transform(grid):\n    return [row[:] for row in grid]\n"
@@ -56,6 +61,14 @@ def make_traces(model_dir: str | Path, tasks, thinking: int = 96, seed: int = 0)
     return out
 
 
+def select_tasks(args: argparse.Namespace) -> list[Task]:
+    """The labelled tasks to trace: those with an example program first, cut to --max-tasks, the corpus mixed in."""
+    tasks = [t for t in load_tasks(args.tasks).tasks if t.test_outputs is not None]
+    chosen = [t for t in tasks if (EXAMPLES / f"{t.id}.py").exists()] + [t for t in tasks
+                                                                         if not (EXAMPLES / f"{t.id}.py").exists()]
+    return mix.apply(chosen[:args.max_tasks], mix.resolve(args))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m build.traces", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, type=Path)
@@ -63,11 +76,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tasks", type=int, default=24)
     parser.add_argument("--thinking", type=int, default=96)
     parser.add_argument("--out", required=True, type=Path)
+    mix.add_arguments(parser)
     args = parser.parse_args(argv)
-    tasks = [t for t in load_tasks(args.tasks).tasks if t.test_outputs is not None]
-    chosen = [t for t in tasks if (EXAMPLES / f"{t.id}.py").exists()] + [t for t in tasks
-                                                                         if not (EXAMPLES / f"{t.id}.py").exists()]
-    traces = make_traces(args.model, chosen[:args.max_tasks], args.thinking)
+    traces = make_traces(args.model, select_tasks(args), args.thinking)
     args.out.write_text("".join(json.dumps(t) + "\n" for t in traces))
     print(f"{len(traces)} traces, {sum(len(t['token_ids']) for t in traces)} tokens -> {args.out}")
 

@@ -3,6 +3,7 @@
     python -m training.grid_tune --model GRID_DIR --tasks DIR [--tasks DIR ...] [--in-sample-tasks DIR] --out DIR
                                  [--steps N] [--checkpoint-every N] [--session-steps N] [--max-len 8192]
                                  [--rank 256] [--alpha 32] [--lr 5e-5] [--max-tasks N] [--backend peft|unsloth]
+                                 [--config FILE.toml] [--corpus DIR --corpus-fraction F --corpus-seed S]
     python -m training.grid_tune --model GRID_DIR --out DIR --merge
 
 Every labelled task (the study: ARC-AGI-1 training + evaluation, ARC-AGI-2 training) becomes 16 sequences: 8
@@ -10,6 +11,9 @@ dihedral transforms x 2 permutations of all ten colours, demonstrations shuffled
 demonstrations, cut from the front to fit `--max-len`, the loss on every output grid and its <eos> (the format of
 submission/grid/format.py, the one the solver uses). `--in-sample-tasks` adds a set the same way (the study added
 the public ARC-AGI-2 evaluation tasks): local evaluation on those tasks is then in-sample, and the run says so.
+`--corpus` mixes the training tasks of a generated corpus in at `--corpus-fraction` of all tasks (or as the `[corpus]`
+table of `--config` says), as `training.traces` does: training/corpus/mix.py. `--max-tasks` counts the real tasks of
+each folder; the corpus adds its share on top. The rows are made once, into out/rows.jsonl: a resumed run keeps them.
 
 The LoRA has the per-task shape (rank 256, alpha 32, rank-stabilised, q/k/v/o/gate/up/down, embedding and output
 layers in full); AdamW lr 5e-5 without weight decay, 5% warm-up, cosine over the planned steps (`--steps`, default
@@ -33,6 +37,8 @@ from pathlib import Path
 from submission.grid.format import encode
 from submission.tasks import Pair, Task, load_tasks
 from submission.views import View, colour_permutation
+from training.corpus import mix
+from training.corpus.mix import CorpusMix
 from training.dataset import IGNORE, Row, read_rows, write_rows
 from training.rft import loss_curve, resolve_device, schedule
 
@@ -58,16 +64,16 @@ def task_rows(task: Task, max_len: int, seed: int = 0, dihedrals: int = 8, colou
     return rows
 
 
-def build_rows(folders: list[Path], in_sample: list[Path], max_len: int, max_tasks: int | None) -> list[Row]:
-    rows = []
+def build_rows(folders: list[Path], in_sample: list[Path], max_len: int, max_tasks: int | None,
+               corpus: CorpusMix = CorpusMix()) -> list[Row]:
+    """Rows of the folders' first `max_tasks` tasks each, the corpus mixed in at its fraction of all of them."""
+    tasks = []
     for folder in folders + in_sample:
-        tasks = load_tasks(folder).tasks[:max_tasks]
+        tasks += load_tasks(folder).tasks[:max_tasks]
         if folder in in_sample:
             print(f"warning: {folder} is trained on with its test pairs: evaluating on it afterwards is in-sample",
                   file=sys.stderr)
-        for task in tasks:
-            rows += task_rows(task, max_len)
-    return rows
+    return [row for task in mix.apply(tasks, corpus) for row in task_rows(task, max_len)]
 
 
 def _unsloth_model(args: argparse.Namespace, device: str):
@@ -87,6 +93,7 @@ def _unsloth_model(args: argparse.Namespace, device: str):
 
 
 def train(args: argparse.Namespace) -> list[float]:
+    corpus = mix.resolve(args)  # a bad [corpus] table or option fails before torch loads
     if args.backend == "unsloth":
         import unsloth  # noqa: F401 - unsloth patches transformers and must come first
     import torch
@@ -98,7 +105,7 @@ def train(args: argparse.Namespace) -> list[float]:
     out.mkdir(parents=True, exist_ok=True)
     rows_path = out / "rows.jsonl"
     if not rows_path.exists():
-        write_rows(build_rows(args.tasks, args.in_sample_tasks, args.max_len, args.max_tasks), rows_path)
+        write_rows(build_rows(args.tasks, args.in_sample_tasks, args.max_len, args.max_tasks, corpus), rows_path)
     rows = read_rows(rows_path)
     if not rows:
         raise ValueError(f"{rows_path}: no rows")
@@ -191,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", action="store_true", help="merge out/adapter into the model: out/merged")
     parser.add_argument("--backend", choices=("peft", "unsloth"), default="peft",
                         help="unsloth: its own environment (make unsloth-env)")
+    mix.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.merge:
         print(merge(args.model, args.out))

@@ -11,8 +11,9 @@ probe (`python -m training.corpus probe`), so that it measures transfer, not rec
 
 `fraction` is the corpus's share of the result: with n real tasks, round(fraction * n / (1 - fraction)) corpus tasks
 are drawn without replacement, by a seeded generator from the corpus sorted by id, and the whole list is shuffled by
-the same generator; the same inputs and seed give the same list. In the published study synthetic tasks did not raise
-hidden-set scores on their own: mix for calibration, curricula and experiments, and measure with the probe.
+the same generator; the same inputs and seed give the same list. In the study behind SPEC, no model trained with
+synthetic tasks beat the model trained on real tasks alone (SPEC 11): mix for calibration, curricula and experiments,
+and measure what the mix does.
 """
 
 from __future__ import annotations
