@@ -115,20 +115,18 @@ def read_answers(path: Path) -> Any:
 
 
 def run(args: argparse.Namespace) -> list[PanelResult]:
-    from submission.main import main as solve  # the solver and its engines load only once the panels are checked
-
     panels = {HELDOUT: args.corpus / HELDOUT, "real": args.panel}
-    try:
-        labels = {HELDOUT: panel_labels(panels[HELDOUT], args.max_tasks)}
-    except ProbeError as err:  # most often empty: 5% of a family's admitted rules rounds to none below 11 rules
-        raise ProbeError(f"{err} (generate holds out 5% of each family's admitted rules, rounded: a family needs "
-                         ">= 11 admitted rules for one)") from None
-    labels["real"] = panel_labels(panels["real"], args.max_tasks)
+    if not any(panels[HELDOUT].glob("*.json")):  # generate's 5% of a family's admitted rules rounds to none below 11
+        raise ProbeError(f"{panels[HELDOUT]}: holds no tasks (generate holds out 5% of each family's admitted rules, "
+                         "rounded: a family needs >= 11 admitted rules for one)")
+    labels = {name: panel_labels(folder, args.max_tasks) for name, folder in panels.items()}
     for name in panels:
         if (args.out / name / "attempts.jsonl").exists():
             raise ProbeError(f"{args.out / name}: holds an earlier probe's attempt log; use a new --out")
     report = {"profile": args.profile, "model": args.model, "deadline": args.deadline,
               "scale_schedule": args.scale_schedule, "max_tasks": args.max_tasks, "panels": {}}
+    from submission.main import main as solve  # the solver's modules load once the panels are checked
+
     results = []
     for name, folder in panels.items():
         out = args.out / name
