@@ -7,11 +7,12 @@ import hashlib
 import importlib
 import json
 import re
+from collections import Counter
 
 import numpy as np
 import pytest
 
-from training.corpus import admission, audit, dsl, generate, oracle, scenes
+from training.corpus import admission, audit, dsl, generate, oracle, rules, scenes
 from training.corpus.dsl import MaskOp, ProgramError, SelectMaskRender, Selector
 
 BASE = SelectMaskRender(Selector("size", "max"), MaskOp("keep", 0), (), "crop_mask", 8)
@@ -218,17 +219,32 @@ def test_a_stage_that_does_nothing_on_the_probe_bank_is_refused(probes):
 
 # --- the admit command ------------------------------------------------------------------------------------------
 
-def test_admit_writes_rules_and_a_funnel_and_is_deterministic(tmp_path):
+def test_admit_takes_every_family_and_its_funnel_adds_up_by_family(tmp_path, capsys):
     cli = importlib.import_module("training.corpus.__main__")
     assert doctest.testmod(cli).failed == 0
-    first = cli.admit(12, 3, tmp_path / "a")
-    cli.admit(12, 3, tmp_path / "b")
+    cli.main(["admit", "--candidates", "6", "--seed", "0", "--out", str(tmp_path / "a")])
+    printed = capsys.readouterr().out
+    funnels = json.loads((tmp_path / "a" / "funnel.json").read_text())["by_family"]
+    assert list(funnels) == list(rules.FAMILIES)  # the default: every family
+    for family, funnel in funnels.items():
+        assert list(funnel) == list(admission.REASONS) and sum(funnel.values()) == 6, family
+        assert funnel["admitted"] >= 1, family
+    admitted = [funnel["admitted"] for funnel in funnels.values()]
+    assert f"| admitted | {' | '.join(map(str, admitted))} | {sum(admitted)} |" in printed
+    assert "| candidates | 6 | 6 | 6 | 6 | 24 |" in printed
+    rows = [json.loads(line) for line in (tmp_path / "a" / "rules.jsonl").read_text().splitlines()]
+    assert Counter(row["family"] for row in rows) == {f: funnel["admitted"] for f, funnel in funnels.items()}
+    for row in rows:
+        rule = rules.from_dict(row["rule"])
+        assert dsl.rule_id(rule) == row["id"] and rule.family == row["family"]
+    assert len({row["id"] for row in rows}) == len(rows)
+    assert (tmp_path / "a" / "funnel.png").read_bytes()[:4] == b"\x89PNG"
+
+    cli.admit(6, 0, tmp_path / "b")  # same seed, same bytes
     for name in ("rules.jsonl", "funnel.json", "funnel.png"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
-    assert sum(first.values()) == 12
-    lines = (tmp_path / "a" / "rules.jsonl").read_text().splitlines()
-    assert len(lines) == first["admitted"] >= 1
-    for line in lines:
-        row = json.loads(line)
-        assert dsl.rule_id(dsl.from_dict(row["rule"])) == row["id"]
-    assert (tmp_path / "a" / "funnel.png").read_bytes()[:4] == b"\x89PNG"
+    small = cli.admit(100, 1, tmp_path / "c", ["symmetry_repair"])  # a family smaller than --candidates: all of it
+    assert list(small) == ["symmetry_repair"] and sum(small["symmetry_repair"].values()) == 16
+    with pytest.raises(SystemExit):
+        cli.main(["admit", "--families", "rays,spirals", "--out", str(tmp_path / "d")])
+    assert "--families: ['spirals'] not available" in capsys.readouterr().err

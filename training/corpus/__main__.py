@@ -1,15 +1,18 @@
-"""python -m training.corpus admit --candidates 300 --seed 0 --out runs/corpus-admit
+"""python -m training.corpus admit --families select_mask_render,count_pack,symmetry_repair,rays --candidates 50 \
+    --seed 0 --out runs/corpus-admit
 python -m training.corpus generate --families select_mask_render,count_pack,symmetry_repair,rays --rules 20 \
     --depth 2 --tasks-per-rule 2 --seed 0 --workers 2 --out runs/corpus
 python -m training.corpus audit runs/corpus [--arc-data ../shared/arc-data]
 
-`admit`: admission over sampled select-mask-render programs on that family's bank; writes `rules.jsonl` (one
-admitted rule per line, id and canonical JSON, in admission order), `funnel.json` and `funnel.png` (candidates per
-verdict), and prints the funnel.
+`admit`: admission of up to `--candidates` sampled single rules per family (a family with fewer rules gives all of
+them, in a seeded order), the families interleaved one by one as generate's depth 1 takes them, all judged by one
+admitter on `rules.probe_bank()` (each family's typed inputs). Writes `rules.jsonl` (one admitted rule per line, id,
+family and canonical JSON, in admission order), `funnel.json` and `funnel.png` (candidates per verdict, by family),
+and prints the funnel table by family.
 `generate`: gated ARC tasks and a manifest (training/corpus/generate.py). Same seed, same bytes; a killed run started
 again with the same arguments continues from its checkpoints.
 `audit`: replays every gate and looks for leaks of public ARC data (training/corpus/audit.py); exit 1 on a finding.
-`probe` is still to come (README in this folder).
+The transfer probe is its own command: `python -m training.corpus.probe` (training/corpus/probe.py).
 """
 
 from __future__ import annotations
@@ -17,78 +20,121 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 from rich.progress import track
 
-from training.corpus import admission, audit, dsl, generate, rules, scenes
+from training.corpus import admission, audit, dsl, generate, rules
 
 DEFAULT_ARC_DATA = Path(os.environ.get("ARC_DATA", Path(__file__).resolve().parents[3] / "shared" / "arc-data"))
 
 
-def funnel_table(funnel: dict[str, int]) -> str:
-    """The funnel as a Markdown table, verdicts in admission's order.
+def funnel_table(by_family: dict[str, dict[str, int]]) -> str:
+    """The funnel as a Markdown table: one column per family and a total, verdicts in admission's order.
 
-    >>> print(funnel_table({"admitted": 3, "near_raw": 1}))
-    | verdict | candidates |
-    | --- | --- |
-    | admitted | 3 |
-    | redundant_stage | 0 |
-    | too_few_valid | 0 |
-    | duplicate_raw | 0 |
-    | duplicate_dihedral | 0 |
-    | near_raw | 1 |
-    | near_dihedral | 0 |
-    | total | 4 |
+    >>> print(funnel_table({"rays": {"admitted": 3, "near_raw": 1}, "count_pack": {"admitted": 2}}))
+    | verdict | rays | count_pack | total |
+    | --- | --- | --- | --- |
+    | admitted | 3 | 2 | 5 |
+    | redundant_stage | 0 | 0 | 0 |
+    | too_few_valid | 0 | 0 | 0 |
+    | duplicate_raw | 0 | 0 | 0 |
+    | duplicate_dihedral | 0 | 0 | 0 |
+    | near_raw | 1 | 0 | 1 |
+    | near_dihedral | 0 | 0 | 0 |
+    | candidates | 4 | 2 | 6 |
     """
-    rows = [f"| {reason} | {funnel.get(reason, 0)} |" for reason in admission.REASONS]
-    total = sum(funnel.get(reason, 0) for reason in admission.REASONS)
-    return "\n".join(["| verdict | candidates |", "| --- | --- |", *rows, f"| total | {total} |"])
+    columns = [[funnel.get(reason, 0) for reason in admission.REASONS] for funnel in by_family.values()]
+    totals = [sum(row) for row in zip(*columns)]
+    lines = [f"| verdict | {' | '.join(by_family)} | total |", "| --- |" + " --- |" * (len(by_family) + 1)]
+    for reason, *counts in zip(admission.REASONS, *columns, totals):
+        lines.append(f"| {reason} | {' | '.join(map(str, counts))} |")
+    sums = [sum(column) for column in columns]
+    lines.append(f"| candidates | {' | '.join(map(str, sums + [sum(sums)]))} |")
+    return "\n".join(lines)
 
 
-def plot_funnel(funnel: dict[str, int], path: Path) -> None:
+def plot_funnel(by_family: dict[str, dict[str, int]], path: Path) -> None:
+    """Candidates per verdict as grouped bars, one colour per family."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 3))
-    counts = [funnel.get(reason, 0) for reason in admission.REASONS]
-    ax.barh(list(admission.REASONS)[::-1], counts[::-1], color="tab:blue")
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    width = 0.8 / max(len(by_family), 1)
+    for i, (family, funnel) in enumerate(by_family.items()):
+        ax.barh(np.arange(len(admission.REASONS)) + i * width, [funnel.get(r, 0) for r in admission.REASONS],
+                height=width, label=family)
+    ax.set_yticks(np.arange(len(admission.REASONS)) + 0.4 - width / 2, admission.REASONS)
+    ax.invert_yaxis()
     ax.set_xlabel("candidates")
-    ax.set_title(f"admission funnel ({sum(counts)} candidates)")
+    ax.set_title(f"admission funnel ({sum(sum(f.values()) for f in by_family.values())} candidates)")
+    ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100, metadata={"Software": None})  # no version stamp: same seed, same bytes
     plt.close(fig)
 
 
-def admit(candidates: int, seed: int, out: Path) -> dict[str, int]:
-    programs = dsl.all_programs()
-    if not 1 <= candidates <= len(programs):
-        raise SystemExit(f"--candidates: must be 1..{len(programs)}, got {candidates}")
-    order = np.random.default_rng(seed).permutation(len(programs))[:candidates]
-    probes = scenes.probe_bank()
+def sampled(families: list[str], per_family: int, seed: int) -> list:
+    """Up to `per_family` single rules of each family, in generate's seeded order (families interleaved one by one).
+
+    >>> [p.family for p in sampled(["rays", "count_pack"], 2, 0)]
+    ['rays', 'count_pack', 'rays', 'count_pack']
+    """
+    taken: Counter = Counter()
+    out = []
+    for program in generate.leaf_candidates(families, seed):
+        if taken[program.family] < per_family:
+            taken[program.family] += 1
+            out.append(program)
+    return out
+
+
+def admit(candidates: int, seed: int, out: Path, families: list[str] | None = None) -> dict[str, dict[str, int]]:
+    """Admit the sampled rules of `families` (default: all) against one bank and one admitter; returns the funnel
+    by family, every verdict present (0 when none)."""
+    families = list(families or rules.FAMILIES)
+    if candidates < 1:
+        raise SystemExit(f"--candidates: must be >= 1, got {candidates}")
+    probes = rules.probe_bank()
     adm = admission.Admitter(len(probes))
+    by_family = {family: Counter() for family in families}
     admitted = []
-    for i in track(order, description="admitting"):
-        program = programs[int(i)]
-        if admission.admit_program(adm, program, probes).reason == "admitted":
+    for program in track(sampled(families, candidates, seed), description="admitting"):
+        reason = admission.admit_program(adm, program, probes).reason
+        by_family[program.family][reason] += 1
+        if reason == "admitted":
             admitted.append(program)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "rules.jsonl").write_text("".join(
-        json.dumps({"id": dsl.rule_id(p), "rule": dsl.to_dict(p)}, sort_keys=True) + "\n" for p in admitted))
-    funnel = {reason: adm.funnel.get(reason, 0) for reason in admission.REASONS}
-    (out / "funnel.json").write_text(json.dumps({"seed": seed, "candidates": candidates, "funnel": funnel},
-                                                indent=2) + "\n")
-    plot_funnel(funnel, out / "funnel.png")
-    return funnel
+    (out / "rules.jsonl").write_text("".join(json.dumps(
+        {"id": dsl.rule_id(p), "family": p.family, "rule": p.to_dict()}, sort_keys=True) + "\n" for p in admitted))
+    funnels = {family: {reason: counts[reason] for reason in admission.REASONS} for family, counts in by_family.items()}
+    (out / "funnel.json").write_text(json.dumps({"seed": seed, "candidates_per_family": candidates,
+                                                 "by_family": funnels}, indent=2) + "\n")
+    plot_funnel(funnels, out / "funnel.png")
+    return funnels
+
+
+def parse_families(text: str, parser: argparse.ArgumentParser) -> list[str]:
+    families = text.split(",")
+    unknown = sorted(set(families) - set(rules.FAMILIES))
+    if unknown:
+        parser.error(f"--families: {unknown} not available (have {list(rules.FAMILIES)})")
+    if len(set(families)) < len(families):
+        parser.error(f"--families: {text!r} names a family twice")
+    return families
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m training.corpus", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    p_admit = sub.add_parser("admit", help="run admission over sampled programs")
-    p_admit.add_argument("--candidates", type=int, default=300)
+    p_admit = sub.add_parser("admit", help="run admission over sampled single rules of each family")
+    p_admit.add_argument("--families", default=",".join(rules.FAMILIES),
+                         help=f"comma-separated; available: {', '.join(rules.FAMILIES)}")
+    p_admit.add_argument("--candidates", type=int, default=50,
+                         help="rules sampled per family (a smaller family gives all of its rules)")
     p_admit.add_argument("--seed", type=int, default=0)
     p_admit.add_argument("--out", type=Path, required=True)
     p_gen = sub.add_parser("generate", help="admit rules and write gated ARC tasks with a manifest")
@@ -115,13 +161,11 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{f.task}: {f.kind}: {f.detail}")
         print(f"{len(findings)} findings")
         raise SystemExit(1 if findings else 0)
+    families = parse_families(args.families, parser)
     if args.command == "admit":
-        print(funnel_table(admit(args.candidates, args.seed, args.out)))
+        print(funnel_table(admit(args.candidates, args.seed, args.out, families)))
+        print(f"wrote {args.out}/rules.jsonl, {args.out}/funnel.json and {args.out}/funnel.png")
         return
-    families = args.families.split(",")
-    unknown = sorted(set(families) - set(rules.FAMILIES))
-    if unknown:
-        parser.error(f"--families: {unknown} not available (have {list(rules.FAMILIES)})")
     if args.depth < 1 or args.rules < 1 or args.workers < 1:
         parser.error("--depth, --rules and --workers must be >= 1")
     generate.generate(args.rules, args.tasks_per_rule, args.seed, args.out, tries=args.tries, families=families,

@@ -7,7 +7,7 @@ The three entry points that consume labelled tasks for training or calibration (
 `[corpus]` table in their TOML `--config` (`dir`, `fraction`, `seed`); an option on the command line wins. DIR is a
 corpus folder as `python -m training.corpus generate` writes it: only its training split (`tasks/`, manifest
 `split = "train"`) is ever mixed in. Its `heldout/` folder is refused: held-out rules are kept apart for the transfer
-probe (`python -m training.corpus probe`), so that it measures transfer, not recall.
+probe (`python -m training.corpus.probe`), so that it measures transfer, not recall.
 
 `fraction` is the corpus's share of the result: with n real tasks, round(fraction * n / (1 - fraction)) corpus tasks
 are drawn without replacement, by a seeded generator from the corpus sorted by id, and the whole list is shuffled by
@@ -140,7 +140,7 @@ def training_tasks(corpus_dir: str | Path) -> list[Task]:
     inside = [p for p in (path.resolve(), *path.resolve().parents) if p.name == SPLIT_DIRS["heldout"]]
     if path.resolve().name == SPLIT_DIRS["heldout"] or any((p.parent / MANIFEST).exists() for p in inside):
         raise CorpusError(f"{path}: a corpus's {SPLIT_DIRS['heldout']}/ folder (manifest split 'heldout') is kept "
-                          "apart for python -m training.corpus probe; give the corpus folder itself, whose tasks/ "
+                          "apart for python -m training.corpus.probe; give the corpus folder itself, whose tasks/ "
                           "are mixed in")
     return split_tasks(path, "train")
 
