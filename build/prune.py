@@ -2,19 +2,24 @@
 
     python -m build.prune --model DIR --list LIST.json --out DIR
 
-LIST.json is an expert list from `build.experts` (`{"experts": [[kept expert indices] per MoE layer], ...}`). The
-rewrite is compressed-tensors' streaming converter (`convert_checkpoint`, one shard plus its dependencies in memory)
-driving its `MagnitudeExpertPruner` with our own `retained_experts` mapping instead of its magnitude scores: each
-removed expert's tensors and router rows go, the kept experts are renumbered in their original order, the expert
-count in config.json is rewritten under every expert-count key it has (`num_experts`, `num_local_experts`,
-`n_routed_experts`, also in `text_config`: the library edits only one, and transformers refuses a config whose keys
-disagree), and the shard index is rebuilt. The MTP layer
-(`mtp.*`, loaded by vLLM, ignored by transformers) is a mixture of experts built from the same count, so it keeps the
-same number of experts: those with the largest router-row norms.
+LIST.json is an expert list from `build.experts` (`{"experts": [[kept expert indices] per MoE layer], ...}`). Each
+removed expert's tensors and router rows go, the kept experts are renumbered in their original order, the expert count
+in config.json is rewritten under every expert-count key it has (`num_experts`, `num_local_experts`,
+`n_routed_experts`, also in `text_config`: transformers refuses a config whose keys disagree), and the shard index is
+rebuilt. The MTP layer (`mtp.*`, loaded by vLLM, ignored by transformers) is a mixture of experts built from the same
+count, so it keeps the same number of experts: those with the largest router-row norms.
+
+The output is what compressed-tensors' streaming converter (`convert_checkpoint` driving its `MagnitudeExpertPruner`
+with our `retained_experts`) writes, byte for byte (tests/test_prune.py builds that reference and compares the files),
+but not by way of torch: a pruned checkpoint is its source less some tensors, so each kept tensor's bytes are handed
+from the memory-mapped source shard straight to safetensors' serialiser (`serialize_file` with pointers), and only
+router rows are gathered. The converter loaded every tensor, sliced it and saved it again: ~0.1x a copy's throughput
+(benchmarks/RESULTS.md).
 
 Lists with unequal counts per layer, unknown layers, out-of-range or duplicate experts, or fewer experts than the
-model routes to per token are refused before any work. The output is written to `OUT.partial` and renamed to `OUT`
-only when complete, with `pruning.json` recording the list, its provenance and the source checkpoint.
+model routes to per token are refused before any work, as is an already quantised source (prune before quantising).
+The output is written to `OUT.partial` and renamed to `OUT` only when complete, with `pruning.json` recording the
+list, its provenance and the source checkpoint.
 """
 
 from __future__ import annotations
@@ -27,12 +32,19 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from build.library_logs import show_library_logs_from
 
 ROUTER = r"(?:^|\.)layers\.(\d+)\.mlp\.gate\.weight$"
 EXPERT = r"\.mlp\.experts\.\d+\.(?:gate|up|down)_proj\.weight$"
 MTP_ROUTER = r"^mtp\..*\.mlp\.gate\.weight$"
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
+# safetensors' header dtypes -> the names its serialiser takes (torch's dtype names)
+DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64", "I64": "int64", "I32": "int32",
+          "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn",
+          "F8_E5M2": "float8_e5m2"}
 
 
 class PruneError(ValueError):
@@ -92,7 +104,7 @@ def expert_to_router(expert_names: list[str], routers: set[str], source: str) ->
     return out
 
 
-def _mtp_retained(model: Path, names: list[str], weight_map: dict, files: dict, keep: int) -> dict[str, list[int]]:
+def _mtp_retained(names: list[str], weight_map: dict, files: dict, keep: int) -> dict[str, list[int]]:
     from safetensors import safe_open
 
     out = {}
@@ -103,12 +115,67 @@ def _mtp_retained(model: Path, names: list[str], weight_map: dict, files: dict, 
     return out
 
 
-def prune(model: str | Path, list_path: str | Path, out: str | Path) -> Path:
-    from compressed_tensors.entrypoints.convert import convert_checkpoint
-    from compressed_tensors.entrypoints.convert.converters.magnitude_expert_pruner import MagnitudeExpertPruner
-    from compressed_tensors.utils.moe import (extract_expert_index, get_num_experts_config_key,
-                                              get_num_experts_per_tok, load_model_config)
-    from compressed_tensors.utils.safetensors_load import get_checkpoint_files, get_weight_map
+def kept_tensors(names: list[str], retained: dict[str, list[int]], source: str) -> dict[str, str]:
+    """Old name -> name in the pruned checkpoint, for every tensor that stays: an expert's tensors are renumbered
+    among its layer's kept experts (`experts.5.` -> `experts.1.` when [2, 5] are kept) or dropped; everything else
+    keeps its name (routers keep theirs and lose rows: `retained`). Pure."""
+    renumber = {router: {old: new for new, old in enumerate(kept)} for router, kept in retained.items()}
+    routers = expert_to_router([n for n in names if re.search(EXPERT, n)], set(retained), source)
+    out = {}
+    for name in names:
+        router = routers.get(name)
+        if router is None:
+            out[name] = name
+            continue
+        match = EXPERT_INDEX.search(name)
+        new = renumber[router].get(int(match.group(1)))
+        if new is not None:
+            out[name] = f"{name[:match.start()]}.experts.{new}.{name[match.end():]}"
+    return out
+
+
+def read_header(path: Path) -> tuple[int, dict]:
+    """A safetensors file's header and where its data begins (the format: 8-byte little-endian length, JSON)."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        try:
+            return 8 + size, json.loads(f.read(size))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise PruneError(f"{path}: not a safetensors file ({err})") from None
+
+
+def prune_shard(source: Path, target: Path, names: dict[str, str], retained: dict[str, list[int]]) -> dict[str, int]:
+    """Write `target` with the tensors of `source` that `names` keeps, renamed, routers cut to their `retained` rows;
+    returns the written tensors' sizes. Kept tensors go from the memory-mapped source to the serialiser by pointer."""
+    from safetensors import TensorSpec, serialize_file
+
+    start, header = read_header(source)
+    data = np.memmap(source, dtype=np.uint8, mode="r")
+    specs, alive, sizes = {}, [], {}
+    for name, info in header.items():
+        if name == "__metadata__" or name not in names:
+            continue
+        if info["dtype"] not in DTYPES:
+            raise PruneError(f"{source}: tensor {name} has dtype {info['dtype']}, which pruning does not handle")
+        begin, end = info["data_offsets"]
+        view, shape = data[start + begin:start + end], info["shape"]
+        if name in retained:  # a router: its kept experts' rows, in order
+            view = np.ascontiguousarray(view.reshape(shape[0], -1)[retained[name]])
+            shape = [len(retained[name]), *shape[1:]]
+            alive.append(view)
+        specs[names[name]] = TensorSpec(dtype=DTYPES[info["dtype"]], shape=shape, data_ptr=view.ctypes.data,
+                                        data_len=view.nbytes)
+        sizes[names[name]] = view.nbytes
+    serialize_file(specs, str(target), metadata=None)
+    del alive, data
+    return sizes
+
+
+def prune(model: str | Path, list_path: str | Path, out: str | Path, on_shard=None) -> Path:
+    """Prune `model` by the list at `list_path` into `out`; `on_shard(done, total)` after each shard is written."""
+    from compressed_tensors.utils.moe import get_num_experts_config_key, get_num_experts_per_tok, load_model_config
+    from compressed_tensors.utils.safetensors_load import (get_checkpoint_files, get_weight_map,
+                                                           update_safetensors_index)
 
     model, out = Path(model), Path(out)
     if out.exists():
@@ -117,27 +184,36 @@ def prune(model: str | Path, list_path: str | Path, out: str | Path) -> Path:
     files = get_checkpoint_files(str(model))
     weight_map = get_weight_map(files)
     config = load_model_config(files)
+    if "quantization_config" in config:
+        raise PruneError(f"{model}/config.json: quantization_config is set: prune the unquantised checkpoint, then "
+                         "quantise (build.quantize)")
     key = get_num_experts_config_key(config)
     num_experts = config.get(key) or config.get("text_config", {}).get(key)
     routers = {int(m.group(1)): n for n in weight_map if (m := re.search(ROUTER, n)) and not n.startswith("mtp.")}
     validate_list(experts, routers, num_experts, get_num_experts_per_tok(config), str(list_path))
     retained = {routers[layer]: sorted(experts[i]) for i, layer in enumerate(sorted(routers))}
     mtp_routers = [n for n in weight_map if re.search(MTP_ROUTER, n)]
-    retained.update(_mtp_retained(model, mtp_routers, weight_map, files, len(experts[0])))
-    router_names = list(retained)
-    expert_names = [n for n in weight_map if re.search(EXPERT, n)]
-    pruner = MagnitudeExpertPruner(
-        router_pattern="|".join([ROUTER, MTP_ROUTER]), expert_pattern=EXPERT, sparsity=1 - len(experts[0]) / num_experts,
-        num_experts_config_key=key, retained_experts=retained,
-        expert_to_router=expert_to_router(expert_names, set(router_names), str(model)),
-        expert_indices={n: extract_expert_index(n) for n in expert_names}, is_3d=False,
-        num_experts_per_tok=get_num_experts_per_tok(config))
+    retained.update(_mtp_retained(mtp_routers, weight_map, files, len(experts[0])))
+    names = kept_tensors(list(weight_map), retained, str(model))
     partial = out.with_name(out.name + ".partial")
     if partial.exists():
         shutil.rmtree(partial)
-    convert_checkpoint(str(model), str(partial), converter=pruner, max_workers=1, device="cpu")
-    written = partial / "config.json"
-    written.write_text(json.dumps(set_expert_count(json.loads(written.read_text()), len(experts[0])), indent=2))
+    partial.mkdir(parents=True)
+    shards = [name for name in files if name.endswith(".safetensors")]
+    total, new_map = 0, {}
+    for name, path in files.items():
+        if not name.endswith(".safetensors"):
+            (partial / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, partial / name)
+    for done, name in enumerate(shards, 1):
+        sizes = prune_shard(Path(files[name]), partial / name, names, retained)
+        total += sum(sizes.values())
+        new_map.update({tensor: Path(name).name for tensor in sizes})
+        if on_shard is not None:
+            on_shard(done, len(shards))
+    update_safetensors_index(str(partial), total, new_map)
+    (partial / "config.json").write_text(json.dumps(set_expert_count(config, len(experts[0])), indent=2,
+                                                    sort_keys=True))
     (partial / "pruning.json").write_text(json.dumps({
         "source": str(model.resolve()), "list": str(Path(list_path).resolve()), "list_name": raw_list.get("name"),
         "list_provenance": {k: v for k, v in raw_list.items() if k != "experts"},
@@ -154,9 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args(argv)
     show_library_logs_from("INFO")
-    started = time.perf_counter()
+    from submission.progress import ProgressLine
+
+    started, line = time.perf_counter(), ProgressLine()
     try:
-        out = prune(args.model, args.list, args.out)
+        out = prune(args.model, args.list, args.out,
+                    on_shard=lambda done, total: line.update(f"prune: shard {done}/{total}", final=done == total))
     except PruneError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -93,16 +96,16 @@ def test_bad_lists_are_refused_before_any_work(checkpoint, tmp_path, experts, me
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
 
 
-def test_mtp_layer_keeps_its_largest_router_rows(tmp_path_factory, read_tensors):
-    """Qwen3-Next releases carry an MTP layer (mtp.*, loaded by vLLM only) that is a MoE of the same expert count."""
+def add_mtp_shard(folder):
+    """An MTP layer (mtp.*, loaded by vLLM only) as Qwen3-Next releases carry: a MoE of the same expert count, in a
+    shard of its own. Its router's row norms grow with the index (the top 4 are 4..7); expert e's weights are all e."""
     from safetensors.torch import save_file
 
-    folder = make_checkpoint(tmp_path_factory.mktemp("mtp") / "model", "qwen3_next", seed=0, max_shard_size="300KB")
     config = json.loads((folder / "config.json").read_text())
     hidden, inter = config["hidden_size"], config["moe_intermediate_size"]
     gen = torch.Generator().manual_seed(3)
     mtp = {"mtp.layers.0.mlp.gate.weight": torch.randn(EXPERTS, hidden, generator=gen) *
-           torch.arange(1, EXPERTS + 1)[:, None]}  # row norms grow with the index: the top 4 are 4..7
+           torch.arange(1, EXPERTS + 1)[:, None]}
     for e in range(EXPERTS):
         mtp[f"mtp.layers.0.mlp.experts.{e}.gate_proj.weight"] = torch.full((inter, hidden), float(e))
         mtp[f"mtp.layers.0.mlp.experts.{e}.up_proj.weight"] = torch.full((inter, hidden), float(e))
@@ -112,6 +115,12 @@ def test_mtp_layer_keeps_its_largest_router_rows(tmp_path_factory, read_tensors)
     index = json.loads(index_path.read_text())
     index["weight_map"].update({name: "mtp.safetensors" for name in mtp})
     index_path.write_text(json.dumps(index))
+    return config
+
+
+def test_mtp_layer_keeps_its_largest_router_rows(tmp_path_factory, read_tensors):
+    folder = make_checkpoint(tmp_path_factory.mktemp("mtp") / "model", "qwen3_next", seed=0, max_shard_size="300KB")
+    config = add_mtp_shard(folder)
     kept = [[0, 1, 2, 3]] * config["num_hidden_layers"]
     (folder.parent / "list.json").write_text(json.dumps({"experts": kept}))
     out = prune(folder, folder.parent / "list.json", folder.parent / "pruned")
@@ -119,6 +128,59 @@ def test_mtp_layer_keeps_its_largest_router_rows(tmp_path_factory, read_tensors)
     assert [after[f"mtp.layers.0.mlp.experts.{j}.gate_proj.weight"][0, 0].item() for j in range(KEEP)] == [4, 5, 6, 7]
     assert after["mtp.layers.0.mlp.gate.weight"].shape[0] == KEEP
     assert "mtp.layers.0.mlp.experts.4.gate_proj.weight" not in after
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_next"])
+def test_files_equal_the_library_converters_byte_for_byte(arch, tmp_path):
+    """build.prune hands kept tensors' bytes from the mapped source to safetensors' serialiser; the reference is
+    compressed-tensors' own streaming converter (convert_checkpoint + MagnitudeExpertPruner, which loads, slices and
+    saves every tensor) with the same kept experts: every file it writes is equal byte for byte (MTP shard included)."""
+    from compressed_tensors.entrypoints.convert import convert_checkpoint
+    from compressed_tensors.entrypoints.convert.converters.magnitude_expert_pruner import MagnitudeExpertPruner
+    from compressed_tensors.utils.moe import extract_expert_index
+
+    from build.prune import EXPERT, MTP_ROUTER, ROUTER, expert_to_router, set_expert_count
+
+    folder = make_checkpoint(tmp_path / "model", arch, seed=0, max_shard_size="300KB")
+    if arch == "qwen3_next":
+        add_mtp_shard(folder)
+    config = json.loads((folder / "config.json").read_text())
+    rng = random.Random(2)
+    kept = [sorted(rng.sample(range(EXPERTS), KEEP)) for _ in range(config["num_hidden_layers"])]
+    (tmp_path / "list.json").write_text(json.dumps({"experts": kept}))
+    out = prune(folder, tmp_path / "list.json", tmp_path / "pruned")
+
+    retained = json.loads((out / "pruning.json").read_text())["kept"]
+    names = list(json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"])
+    experts = [n for n in names if re.search(EXPERT, n)]
+    key = "num_local_experts" if "num_local_experts" in config else "num_experts"
+    reference = MagnitudeExpertPruner(
+        router_pattern="|".join([ROUTER, MTP_ROUTER]), expert_pattern=EXPERT, sparsity=1 - KEEP / EXPERTS,
+        num_experts_config_key=key, retained_experts=retained,
+        expert_to_router=expert_to_router(experts, set(retained), "reference"),
+        expert_indices={n: extract_expert_index(n) for n in experts}, is_3d=False,
+        num_experts_per_tok=config["num_experts_per_tok"])
+    convert_checkpoint(str(folder), str(tmp_path / "reference"), converter=reference, max_workers=1, device="cpu")
+    written = tmp_path / "reference" / "config.json"
+    written.write_text(json.dumps(set_expert_count(json.loads(written.read_text()), KEEP), indent=2))
+    files = sorted(p.relative_to(tmp_path / "reference") for p in (tmp_path / "reference").rglob("*") if p.is_file())
+    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file()) == sorted([*files, Path("pruning.json")])
+    assert sum(f.suffix == ".safetensors" for f in files) > 1
+    assert (Path("mtp.safetensors") in files) == (arch == "qwen3_next")
+    for name in files:
+        assert (out / name).read_bytes() == (tmp_path / "reference" / name).read_bytes(), name
+
+
+def test_a_quantised_source_is_refused(checkpoint, tmp_path):
+    """Pruning drops `.weight` tensors by name; a quantised expert's scales would stay behind: prune first."""
+    source = tmp_path / "model"
+    shutil.copytree(checkpoint, source)
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps(dict(config, quantization_config={"quant_method": "fp8"})))
+    (tmp_path / "list.json").write_text(json.dumps({"experts": [[0, 1, 2, 3]] * config["num_hidden_layers"]}))
+    with pytest.raises(PruneError, match="quantization_config"):
+        prune(source, tmp_path / "list.json", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_every_expert_count_key_is_rewritten(tmp_path):
