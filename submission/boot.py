@@ -17,7 +17,9 @@ refusal stops here with its report); reassemble split files into a working copy;
   out-dir/rehearsal/, and ended (SIGTERM) as soon as every task has a finished attempt (`--rehearsal-full`: run to
   the deadline); exit status 3 if the solver fails (the engine did not start) or a task gets no finished attempt;
 and finally check submission.json once more, rewriting the `[[0]]` file if the solver left none or a broken one.
-Every step boot waits for ends before the time limit (END_MARGIN_S).
+Every step boot waits for ends before the time limit (END_MARGIN_S). A combined bundle (kit/bundle.json `line =
+"both"`: the reasoning model in model/, the grid model in grid-model/) runs `submission.grid.both` with both models
+instead of `submission.main`, and its rehearsal waits for, and checks, each line's log.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pathlib import Path
 
 TIME_LIMIT_S = 12 * 3600
 END_MARGIN_S = 60.0  # every step boot waits for ends this long before the limit (the solver's deadline twice this)
+MODEL_DIRS = ("model", "grid-model")  # the bundle's checkpoints: the line's own; a combined bundle's grid model
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PIP_NO_INDEX": "1"}
 
@@ -80,7 +83,7 @@ def manifest_problems(bundle: Path, full: bool = True) -> list[str]:
             problems.append(f"missing: {name}")
         elif path.stat().st_size != entry["bytes"]:
             problems.append(f"size differs: {name}")
-        elif (full or not name.startswith("model/")) and _sha256(path) != entry["sha256"]:
+        elif (full or name.split("/")[0] not in MODEL_DIRS) and _sha256(path) != entry["sha256"]:
             problems.append(f"sha256 differs: {name}")
     return problems
 
@@ -211,13 +214,16 @@ def main(argv: list[str] | None = None) -> int:
         print(preflight.stdout + preflight.stderr, end="")
         if preflight.returncode != 0:
             raise BootError("the preflight refused this machine or bundle (report above)")
-        model = reassembled(args.bundle / "model", work, manifest.get("split_part_suffix", ".part"))
+        suffix = manifest.get("split_part_suffix", ".part")
+        model = reassembled(args.bundle / MODEL_DIRS[0], work, suffix)
+        grid_model = reassembled(args.bundle / MODEL_DIRS[1], work, suffix) if meta.get("line") == "both" else None
         if rerun and tasks is None:
             raise BootError(f"the rerun has no arc-agi_test_challenges.json under {args.input}")
         if rerun:
-            status = solve(args, meta["profile"], model, env, tasks, answer, None, args.out_dir / "attempts.jsonl")
+            status = solve(args, meta["profile"], model, env, tasks, answer, None, args.out_dir / "attempts.jsonl",
+                           grid_model)
         else:
-            status = rehearse(args, meta["profile"], model, env)
+            status = rehearse(args, meta["profile"], model, env, grid_model)
     except (BootError, OSError, KeyError, ValueError, subprocess.SubprocessError) as err:
         print(f"boot: {err}", file=sys.stderr)
         status = 3
@@ -236,27 +242,56 @@ def complete(answer: Path, fallback: dict) -> bool:
         return False
 
 
+def line_logs(out: Path, log: Path, grid_model: Path | None) -> dict[str, Path]:
+    """Where the run logs its attempts, by line: `log` for one line; a combined run (a grid model beside the
+    reasoning model) logs each line in its folder beside the answer file (submission.grid.both)."""
+    if grid_model is None:
+        return {"": log}
+    return {f"{name} line": out.parent / name / "attempts.jsonl" for name in ("reasoning", "grid")}
+
+
+def solver_command(profile: str, model: Path, tasks: Path, out: Path, deadline: float, log: Path,
+                   grid_model: Path | None) -> list[str]:
+    """submission.main on the bundle's model, or with a combined bundle's grid model submission.grid.both, which
+    runs both lines on their shares of the machine and writes the merged answers (each line's log: line_logs)."""
+    if grid_model is None:
+        return [sys.executable, "-m", "submission.main", "--tasks", str(tasks), "--out", str(out), "--profile",
+                profile, "--model", str(model), "--deadline", str(int(deadline)), "--log", str(log)]
+    return [sys.executable, "-m", "submission.grid.both", "--tasks", str(tasks), "--out", str(out), "--profile",
+            profile, "--reasoning-model", str(model), "--grid-model", str(grid_model), "--deadline",
+            str(int(deadline))]
+
+
 def solve(args: argparse.Namespace, profile: str, model: Path, env: dict, tasks: Path, out: Path,
-          rehearsal: tuple[int, Path | None, list[str]] | None, log: Path) -> int:
-    """Run submission.main (the hidden set, or `rehearsal` = (tasks, solutions, their ids) on a scaled schedule)."""
+          rehearsal: tuple[int, Path | None, list[str]] | None, log: Path, grid_model: Path | None = None) -> int:
+    """Run the solver (the hidden set, or `rehearsal` = (tasks, solutions, their ids) on a scaled schedule)."""
     deadline, timeout = solver_deadline(args.started, time.time(), args.rehearsal_deadline if rehearsal else None)
     if deadline < 1:
         raise BootError(f"no time left for the solver ({deadline:.0f} s before its margins)")
-    command = [sys.executable, "-m", "submission.main", "--tasks", str(tasks), "--out", str(out), "--profile", profile,
-               "--model", str(model), "--deadline", str(int(deadline)), "--log", str(log)]
+    command = solver_command(profile, model, tasks, out, deadline, log, grid_model)
     if not rehearsal:
         return run_step(command, args.bundle / "kit", env, timeout, "the solver").returncode
     command += ["--max-tasks", str(rehearsal[0]), "--scale-schedule"]
     command += ["--solutions", str(rehearsal[1])] if rehearsal[1] else []
     return run_rehearsal(command, args.bundle / "kit", env, timeout, None if args.rehearsal_full else
-                         (rehearsal[2], log))
+                         (rehearsal[2], list(line_logs(out, log, grid_model).values())))
+
+
+def finished_everywhere(task_ids: list[str], logs: list[Path]) -> bool:
+    """Whether every log has a finished attempt for every task (a line being written does not count yet)."""
+    for log in logs:
+        whole = log.read_text().split("\n")[:-1] if log.exists() else []
+        if not whole or rehearsal_problems(task_ids, whole):
+            return False
+    return True
 
 
 def run_rehearsal(command: list[str], cwd: Path, env: dict, timeout: float,
-                  until: tuple[list[str], Path] | None) -> int:
-    """The rehearsal's solver. With `until` = (task ids, log) it is ended by SIGTERM (it aborts what runs, logs it
-    and prints its summary) as soon as every task has a finished attempt in the log: that is what a rehearsal must
-    show, and the rest of its deadline would be commit-run time spent for nothing. Its exit status is then 0."""
+                  until: tuple[list[str], list[Path]] | None) -> int:
+    """The rehearsal's solver. With `until` = (task ids, logs) it is ended by SIGTERM (it aborts what runs, logs it
+    and prints its summary) as soon as every task has a finished attempt in every log (a combined run: each line's):
+    that is what a rehearsal must show, and the rest of its deadline would be commit-run time spent for nothing. Its
+    exit status is then 0."""
     proc = subprocess.Popen(command, cwd=cwd, env=env)
     end, ended = time.monotonic() + timeout, False
     while proc.poll() is None:
@@ -264,9 +299,8 @@ def run_rehearsal(command: list[str], cwd: Path, env: dict, timeout: float,
             proc.kill()
             proc.wait()
             raise BootError(f"the solver did not end within {timeout:.0f} s (stopped before the time limit)")
-        if until and not ended and until[1].exists():
-            whole = until[1].read_text().split("\n")[:-1]  # a line being written is not a finished attempt yet
-            if whole and not rehearsal_problems(until[0], whole):
+        if until and not ended:
+            if finished_everywhere(*until):
                 print("boot: rehearsal: every task has a finished attempt: ending the solver now (SIGTERM; "
                       "--rehearsal-full runs it to its deadline)", flush=True)
                 proc.send_signal(signal.SIGTERM)
@@ -275,10 +309,11 @@ def run_rehearsal(command: list[str], cwd: Path, env: dict, timeout: float,
     return 0 if ended and proc.returncode == 128 + signal.SIGTERM else proc.returncode
 
 
-def rehearse(args: argparse.Namespace, profile: str, model: Path, env: dict) -> int:
+def rehearse(args: argparse.Namespace, profile: str, model: Path, env: dict, grid_model: Path | None = None) -> int:
     """The commit run: the bundle's profile on a few public evaluation tasks with the schedule scaled to a short
     deadline, written and scored under out-dir/rehearsal/ (submission.json stays the [[0]] file of the test set).
-    Non-zero, with the reason, if the solver fails or a task gets no finished attempt: learn it before a rerun."""
+    Non-zero, with the reason, if the solver fails or a task gets no finished attempt: learn it before a rerun. A
+    combined bundle (`grid_model`) rehearses both lines at once, and each line's log must show every task."""
     challenges = find(args.input, "arc-agi_evaluation_challenges.json")
     if challenges is None:
         raise BootError(f"rehearsal: no arc-agi_evaluation_challenges.json under {args.input}")
@@ -286,20 +321,26 @@ def rehearse(args: argparse.Namespace, profile: str, model: Path, env: dict) -> 
     folder = args.out_dir / "rehearsal"
     folder.mkdir(exist_ok=True)
     log = folder / "attempts.jsonl"
-    log.unlink(missing_ok=True)
+    logs = line_logs(folder / "submission.json", log, grid_model)
+    for earlier in logs.values():
+        earlier.unlink(missing_ok=True)
     print(f"boot: rehearsal (commit run): {args.rehearsal_tasks} tasks of {challenges}, schedule scaled to "
           f"{args.rehearsal_deadline:.0f} s", flush=True)
     ids = sorted(json.loads(challenges.read_text()))[:args.rehearsal_tasks]
     status = solve(args, profile, model, env, challenges, folder / "submission.json",
-                   (args.rehearsal_tasks, solutions, ids), log)
-    lines = log.read_text().splitlines() if log.exists() else []
-    problems = rehearsal_problems(ids, lines)
+                   (args.rehearsal_tasks, solutions, ids), log, grid_model)
+    problems, logged = [], False
+    for line, path in logs.items():
+        lines = path.read_text().splitlines() if path.exists() else []
+        logged = logged or bool(lines)
+        problems += [f"{line}: {p}" if line else p for p in rehearsal_problems(ids, lines)]
     if status != 0:  # -14: its own deadline alarm (SIGALRM) ended it
         problems.insert(0, f"the solver exited with status {status}"
-                        + ("" if lines else " before any attempt finished (did the engine start? see above)"))
+                        + ("" if logged else " before any attempt finished (did the engine start? see above)"))
     if problems:
         raise BootError("rehearsal failed: " + "; ".join(problems))
-    print(f"boot: rehearsal ok: every one of {len(ids)} tasks got a finished attempt ({folder})", flush=True)
+    print(f"boot: rehearsal ok: every one of {len(ids)} tasks got a finished attempt"
+          + (f" in each line's log ({', '.join(logs)})" if grid_model else "") + f" ({folder})", flush=True)
     return 0
 
 

@@ -4,6 +4,7 @@ file chosen from both by `submission.grid.merge`.
     python -m submission.grid.both --tasks PATH --out submission.json --profile both-4xL4 [--deadline SECONDS]
                                    [--reasoning-model DIR] [--grid-model DIR] [--reasoning-python PATH]
                                    [--grid-python PATH] [--resume] [--solutions PATH] [--max-tasks N]
+                                   [--scale-schedule]
 
 `python -m submission.main --profile both-4xL4` runs this too (with the profile's models and this interpreter;
 the interpreters are options because on CPU the lines live in different environments, vLLM's and PEFT's). A combined
@@ -15,7 +16,9 @@ OUT_DIR/reasoning and OUT_DIR/grid, `--resume` passed on); this process is the o
 both logs whenever one grows (every `poll_s`) and rewrites the merged answers, atomically, so the answer file is
 complete and valid throughout. The lines' time limit is MERGE_S short of the run's, so their shutdowns end before the
 last merge. A line that fails leaves the other's answers standing; a folder with an earlier run's logs is refused
-unless `--resume`. Off by default: only a `line = "both"` profile runs it.
+unless `--resume`. SIGTERM is passed on to both lines (each ends with its answers so far); after the last merge
+the run exits 143. `--scale-schedule` scales both lines' margins and caps to `--deadline` (the commit run's
+rehearsal, submission/boot.py). Off by default: only a `line = "both"` profile runs it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -31,8 +35,8 @@ from pathlib import Path
 
 from submission.answers import AnswerFile, render_submission
 from submission.attempts import read_log
-from submission.config import ProfileError, _build, load_profile, profile_to_toml, read_profile
-from submission.grid.config import grid_profile_to_toml, load_grid_profile
+from submission.config import Profile, ProfileError, _build, load_profile, profile_to_toml, read_profile
+from submission.grid.config import GridProfile, grid_profile_to_toml, load_grid_profile
 from submission.grid.merge import merge_logs
 from submission.score import score
 from submission.tasks import LoadError
@@ -73,24 +77,36 @@ def load_both_profile(name_or_path: str | Path) -> BothProfile:
     return _build(BothProfile, raw, str(path))
 
 
-def line_profiles(both: BothProfile, time_limit_s: float) -> tuple[str, str]:
-    """The two lines' profiles as TOML, with their shares of the machine and the run's time limit applied."""
+def line_configs(both: BothProfile, time_limit_s: float | None = None,
+                 scale: bool = False) -> tuple[Profile, GridProfile]:
+    """The two lines' profiles with their shares of the machine applied and, given `time_limit_s`, the run's time
+    limit (`scale`: their margins and caps scaled to it, as --scale-schedule does for one line). Preflight checks
+    each line's share with these."""
     reasoning = load_profile(both.reasoning.profile)
     engine = reasoning.engine
     if both.reasoning.model:
         engine = replace(engine, model=both.reasoning.model)
     if both.reasoning.tensor_parallel_size:
         engine = replace(engine, tensor_parallel_size=both.reasoning.tensor_parallel_size)
-    reasoning = replace(reasoning, name=f"{both.name}-reasoning", engine=engine,
-                        schedule=replace(reasoning.schedule, time_limit_s=time_limit_s))
+    schedule = reasoning.schedule
+    if time_limit_s is not None:
+        schedule = schedule.scaled(time_limit_s) if scale else replace(schedule, time_limit_s=time_limit_s)
+    reasoning = replace(reasoning, name=f"{both.name}-reasoning", engine=engine, schedule=schedule)
     grid = load_grid_profile(both.grid.profile)
-    run = replace(grid.run, time_limit_s=time_limit_s)
+    run = grid.run
+    if time_limit_s is not None:
+        run = run.scaled(time_limit_s) if scale else replace(run, time_limit_s=time_limit_s)
     if both.grid.workers:
         run = replace(run, devices=both.grid.workers)
     if both.grid.max_len:
         run = replace(run, max_len=both.grid.max_len)
     model = replace(grid.model, path=both.grid.model) if both.grid.model else grid.model
-    grid = replace(grid, name=f"{both.name}-grid", model=model, run=run)
+    return reasoning, replace(grid, name=f"{both.name}-grid", model=model, run=run)
+
+
+def line_profiles(both: BothProfile, time_limit_s: float, scale: bool = False) -> tuple[str, str]:
+    """The two lines' profiles as TOML (line_configs), each line's copy in its folder."""
+    reasoning, grid = line_configs(both, time_limit_s, scale)
     return profile_to_toml(reasoning), grid_profile_to_toml(grid)
 
 
@@ -100,6 +116,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, type=Path, help="the merged answer file (submission.json)")
     p.add_argument("--profile", default="both-tiny", help="combined profile name or TOML path (line = \"both\")")
     p.add_argument("--deadline", type=float, help="time limit in seconds from now")
+    p.add_argument("--scale-schedule", action="store_true",
+                   help="scale both lines' margins and caps to --deadline (the commit run's rehearsal)")
     p.add_argument("--reasoning-model", help="overrides reasoning.model")
     p.add_argument("--grid-model", help="overrides grid.model")
     p.add_argument("--reasoning-python", default=sys.executable, help="the reasoning line's interpreter")
@@ -137,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "grid_model", None):
             both = replace(both, grid=replace(both.grid, model=args.grid_model))
         limit = args.deadline or both.time_limit_s
-        reasoning_toml, grid_toml = line_profiles(both, limit)
+        reasoning_toml, grid_toml = line_profiles(both, limit, bool(args.deadline)
+                                                  and getattr(args, "scale_schedule", False))
         tasks = run_tasks(args)
     except (ProfileError, LoadError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -164,6 +183,15 @@ def run(args: argparse.Namespace) -> int:
             env["CUDA_VISIBLE_DEVICES"] = share.devices
         cmd = line_command(module, pythons[name], args, folder, limit - MERGE_S - (time.monotonic() - started))
         lines[name] = (folder / "attempts.jsonl", subprocess.Popen(cmd, cwd=REPO, env=env))
+    stopping: list[str] = []
+
+    def on_sigterm(*_) -> None:
+        stopping.append("SIGTERM")
+        for _, process in lines.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+
+    previous = forward_sigterm(on_sigterm)
     sizes: dict[str, int] = {}
     try:
         while True:
@@ -189,6 +217,8 @@ def run(args: argparse.Namespace) -> int:
                 process.kill()
                 process.wait()
         stop_watchdog()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     codes = {name: process.returncode for name, (_, process) in lines.items()}
     print(f"combined run ({both.name}): reasoning line exit {codes['reasoning']}, grid line exit {codes['grid']}; "
           f"time used: {time.monotonic() - started:.0f} s")
@@ -199,7 +229,19 @@ def run(args: argparse.Namespace) -> int:
             report = score(load_answers(path, answers.test_counts), labels)
             print(f"score ({name}): task-weighted {report.task_weighted:.2f}, "
                   f"input-weighted {report.input_weighted:.2f}")
+    if stopping:
+        return 143 if all(code in (0, 143) for code in codes.values()) else 1
     return 0 if all(code == 0 for code in codes.values()) else 1
+
+
+def forward_sigterm(handler):
+    """Install `handler` for SIGTERM (the notebook's rehearsal sends it once both logs have an attempt per task: it
+    is passed on to both lines, which end with their answers so far, and the run merges once more and exits 143, as
+    one line does); the handler it replaces, None where signals cannot be set (not the main thread)."""
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (an in-process caller): SIGTERM keeps its default
+        return None
 
 
 def load_answers(path: Path, test_counts: dict[str, int]) -> dict:
