@@ -166,9 +166,11 @@ wheels: env
 
 # The offline Kaggle dataset, built as the profile's [build] section says. By default the CPU demo: a tiny Qwen3 for
 # the cpu-tiny profile. For a real model: make bundle PROFILE=moe-4xL4 MODEL=/ckpt LIST=lists/c8.json
-# (TARGET=, RECIPE=, CALIBRATION_TASKS= override the profile).
+# (TARGET=, RECIPE=, CALIBRATION_TASKS= override the profile). A combined profile takes both models:
+# make bundle PROFILE=both-4xL4 MODEL=/reasoning-ckpt GRID_MODEL=/grid-ckpt.
 PROFILE ?= cpu-tiny
 BUNDLE_ARGS = $(if $(filter command line,$(origin TARGET)),--target $(TARGET)) $(if $(MODEL),--model $(MODEL)) \
+	$(if $(GRID_MODEL),--grid-model $(GRID_MODEL)) \
 	$(if $(LIST),--list $(LIST)) $(if $(RECIPE),--recipe $(RECIPE)) \
 	$(if $(CALIBRATION_TASKS),--calibration-tasks $(CALIBRATION_TASKS)) $(if $(ID),--id $(ID))
 bundle: build-env

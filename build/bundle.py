@@ -1,6 +1,7 @@
 """Lay out the offline Kaggle dataset: wheels, model, kit code and a manifest of checksums.
 
-    python -m build.bundle --profile NAME --model DIR --out DIR [--target cpu-py311] [--id user/slug]
+    python -m build.bundle --profile NAME --model DIR --out DIR [--grid-model DIR] [--target cpu-py311]
+                           [--id user/slug]
     python -m build.bundle verify DIR
 
 Layout: `wheels/` (the target's locked wheels, offline_wheels/), `model/` (the checkpoint to serve), `kit/` (the
@@ -9,7 +10,10 @@ with size and sha256, the lock, the kit's git commit, the model's provenance: so
 build/ recorded them) and `dataset-metadata.json` for the Kaggle CLI (`kaggle datasets create -p DIR`). Files above
 `--max-file-bytes` are split into numbered parts and reassembled at boot (submission/boot.py). `verify` re-checks
 every hash and says what is wrong. A grid-line profile (`line = "grid"`) bundles build.grid_vocab's 16-token
-checkpoint the same way; boot runs it through submission.main, which hands it to the grid line. The notebook is kaggle/notebook.ipynb (build.notebook).
+checkpoint the same way; boot runs it through submission.main, which hands it to the grid line. A combined profile
+(`line = "both"`) takes two: `--model` the reasoning line's checkpoint into `model/`, `--grid-model` the 16-token grid
+model into `grid-model/`, both in the manifest; `kit/bundle.json` says `"line": "both"` and boot runs
+submission.grid.both with both. The notebook is kaggle/notebook.ipynb (build.notebook).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import sys
 from pathlib import Path
 
 from offline_wheels.lock import LOCKS, fetch, sha256, target as target_spec
-from submission.boot import manifest_problems
+from submission.boot import MODEL_DIRS, manifest_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 KIT_PATHS = ("submission", "profiles", "requirements", "examples")
@@ -91,16 +95,18 @@ def upload_advice(dataset: Path, chosen_id: str) -> str:
 
 
 def bundled_line(profile: str) -> str:
-    """The line a bundle of `profile` runs, "grid" or "reasoning", once its loader accepts it (a broken profile is
-    refused before gigabytes are copied). A combined profile (two models) is not bundled yet."""
+    """The line a bundle of `profile` runs, "grid", "both" or "reasoning", once its loader accepts it (a combined
+    profile's two line profiles included: a broken profile is refused before gigabytes are copied)."""
     from submission.config import load_profile
-    from submission.grid import NOT_BUNDLED, profile_line
+    from submission.grid import profile_line
+    from submission.grid.both import line_configs, load_both_profile
     from submission.grid.config import load_grid_profile
 
     line = profile_line(profile)
     if line == "both":
-        raise ValueError(NOT_BUNDLED.format(profile=profile))
-    (load_grid_profile if line == "grid" else load_profile)(profile)
+        line_configs(load_both_profile(profile))
+    else:
+        (load_grid_profile if line == "grid" else load_profile)(profile)
     return line or "reasoning"
 
 
@@ -115,26 +121,43 @@ def model_problem(line: str, config: dict) -> str:
             + (f"the {VOCAB}-token grid model (build.grid_vocab)" if line == "grid" else "a full vocabulary"))
 
 
-def bundle(profile: str, model: Path, out: Path, target: str = "cpu-py311", dataset_id: str = PLACEHOLDER_ID,
-           max_file_bytes: int = 20 * 2**30) -> Path:
-    line = bundled_line(profile)
-    if out.exists():
-        raise ValueError(f"{out}: already exists; refusing to overwrite")
+def check_model(model: Path, line: str) -> None:
+    """Refuse a folder that is no checkpoint, or the wrong model for `line` (model_problem)."""
     if not (model / "config.json").exists():
         raise ValueError(f"{model}: no config.json: not a checkpoint")
     problem = model_problem(line, json.loads((model / "config.json").read_text()))
     if problem:
         raise ValueError(f"{model}: {problem}")
+
+
+def bundle(profile: str, model: Path, out: Path, target: str = "cpu-py311", dataset_id: str = PLACEHOLDER_ID,
+           max_file_bytes: int = 20 * 2**30, grid_model: Path | None = None) -> Path:
+    """The dataset for `profile` in `out`; a combined profile's (line "both") with `model` the reasoning line's
+    checkpoint and `grid_model` the grid line's."""
+    line = bundled_line(profile)
+    if (line == "both") != (grid_model is not None):
+        raise ValueError(f"{profile}: a combined profile bundles two models, the reasoning model and the grid model "
+                         f"(--grid-model, make bundle GRID_MODEL=)" if line == "both" else
+                         f"{profile}: a {line}-line profile bundles one model; --grid-model is for a combined "
+                         f"profile (line = \"both\")")
+    if out.exists():
+        raise ValueError(f"{out}: already exists; refusing to overwrite")
+    models = {MODEL_DIRS[0]: (model, "reasoning" if line == "both" else line)}
+    if grid_model is not None:
+        models[MODEL_DIRS[1]] = (grid_model, "grid")
+    for checkpoint, runs in models.values():
+        check_model(checkpoint, runs)
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     (partial / "wheels").mkdir(parents=True)
     for wheel in sorted(fetch(target).glob("*.whl")):
         shutil.copy2(wheel, partial / "wheels" / wheel.name)
-    shutil.copytree(model, partial / "model")
+    for folder, (checkpoint, _) in models.items():
+        shutil.copytree(checkpoint, partial / folder)
     for name in KIT_PATHS:
         shutil.copytree(ROOT / name, partial / "kit" / name, ignore=shutil.ignore_patterns("__pycache__"))
     (partial / "kit" / "bundle.json").write_text(json.dumps(
-        {"profile": profile, "target": target, "requirements": target_spec(target)["requirements"]}))
+        {"profile": profile, "line": line, "target": target, "requirements": target_spec(target)["requirements"]}))
     for path in sorted(partial.rglob("*")):
         if path.is_file() and path.stat().st_size > max_file_bytes:
             _split(path, max_file_bytes)
@@ -143,6 +166,8 @@ def bundle(profile: str, model: Path, out: Path, target: str = "cpu-py311", data
     manifest = {"files": manifest_files(partial), "lock": (LOCKS / f"{target}.txt").read_text(),
                 "target": target, "profile": profile, "kit_commit": _git_commit(), "model": _provenance(model),
                 "split_part_suffix": PART}
+    if grid_model is not None:
+        manifest["grid_model"] = _provenance(grid_model)
     (partial / "manifest.json").write_text(json.dumps(manifest, indent=1))
     partial.rename(out)
     return out
@@ -165,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if problems else 0
     parser = argparse.ArgumentParser(prog="python -m build.bundle", description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", required=True)
-    parser.add_argument("--model", required=True, type=Path)
+    parser.add_argument("--model", required=True, type=Path, help="the checkpoint (a combined profile: the "
+                        "reasoning line's)")
+    parser.add_argument("--grid-model", type=Path, help="a combined profile's grid model (build.grid_vocab's cut)")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--target", default="cpu-py311")
     parser.add_argument("--id", help="the Kaggle dataset id (default: KAGGLE_USERNAME/arc-kit-bundle)")
@@ -173,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         chosen = choose_dataset_id(args.id, dict(os.environ))
-        print(upload_advice(bundle(args.profile, args.model, args.out, args.target, chosen, args.max_file_bytes),
-                            chosen))
+        print(upload_advice(bundle(args.profile, args.model, args.out, args.target, chosen, args.max_file_bytes,
+                                   args.grid_model), chosen))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

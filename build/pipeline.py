@@ -1,14 +1,16 @@
 """From a checkpoint to a Kaggle dataset in one command: prune, quantise, patch, bundle (each step optional).
 
-    python -m build.pipeline --profile NAME --out DIR [--model DIR] [--target T] [--list LIST.json]
-                             [--recipe RECIPE.toml] [--calibration-tasks ARC_DIR] [--id USER/SLUG]
+    python -m build.pipeline --profile NAME --out DIR [--model DIR] [--grid-model DIR] [--target T]
+                             [--list LIST.json] [--recipe RECIPE.toml] [--calibration-tasks ARC_DIR] [--id USER/SLUG]
 
 The profile's [build] section names the target, the expert list, the recipe and the calibration tasks; the options
 override it. Without --model a tiny random-weight Qwen3 is built (the CPU demo). A step runs when its input is given
 (a list: build.prune; a recipe: build.quantize); the end-of-turn patch runs unless the checkpoint records it
 already; then build.bundle lays out DIR/dataset and verifies it. Intermediate checkpoints stay in DIR/steps. A
 grid-line profile's checkpoint (build.grid_vocab's cut) is bundled as it is; without --model the tiny Qwen3 is cut to
-the grid vocabulary first.
+the grid vocabulary first. A combined profile (`line = "both"`) bundles two: --model, the reasoning line's, goes through
+the steps as its line profile's [build] section says; --grid-model (without it the tiny Qwen3 cut to 16 tokens) goes
+in as it is; the two line profiles must name the same wheel target.
 """
 
 from __future__ import annotations
@@ -26,21 +28,26 @@ from submission.grid import profile_line
 
 
 def run(profile: str, target: str, out: Path, model: Path | None = None, expert_list: Path | None = None,
-        recipe: Path | None = None, calibration_tasks: Path | None = None, dataset_id: str = PLACEHOLDER_ID) -> Path:
+        recipe: Path | None = None, calibration_tasks: Path | None = None, dataset_id: str = PLACEHOLDER_ID,
+        grid_model: Path | None = None) -> Path:
     steps = out / "steps"
     steps.mkdir(parents=True, exist_ok=True)
-    grid = profile_line(profile) == "grid"
+    line = profile_line(profile)
+    grid = line == "grid"
     if grid and (expert_list or recipe or calibration_tasks):
         raise ValueError(f"{profile}: a grid-line profile bundles its checkpoint as it is (no list, recipe or "
                          f"calibration tasks)")
-    if model is None:
+    if line != "both" and grid_model is not None:
+        raise ValueError(f"{profile}: --grid-model is for a combined profile (line = \"both\")")
+    if model is None or (line == "both" and grid_model is None):
+        from build.grid_vocab import cut
         from build.tiny import make_checkpoint
 
-        model = make_checkpoint(steps / "tiny", "qwen3", seed=0)
-        if grid:
-            from build.grid_vocab import cut
-
-            model = cut(model, steps / "tiny-grid")
+        tiny = make_checkpoint(steps / "tiny", "qwen3", seed=0)
+        if line == "both" and grid_model is None:
+            grid_model = cut(tiny, steps / "tiny-grid")
+        if model is None:
+            model = cut(tiny, steps / "tiny-grid") if grid else tiny
     if expert_list is not None:
         model = prune(model, expert_list, steps / "pruned")
     if recipe is not None:
@@ -54,11 +61,32 @@ def run(profile: str, target: str, out: Path, model: Path | None = None, expert_
     if not grid and PATCH_KEY not in json.loads((model / "config.json").read_text()):  # no turns on the grid line
         patch(model, steps / "patched")
         model = steps / "patched"
-    dataset = bundle(profile, model, out / "dataset", target, dataset_id)
+    dataset = bundle(profile, model, out / "dataset", target, dataset_id, grid_model=grid_model)
     problems = verify(dataset)
     if problems:
         raise ValueError(f"{dataset}: " + "; ".join(problems))
     return dataset
+
+
+def build_plan(profile: str):
+    """The [build] section that steers the steps: the profile's own; a combined profile's reasoning line profile's
+    (its grid model goes in as it is), refused when its grid line profile names other wheels (one bundle installs
+    one set)."""
+    from submission.config import load_profile
+    from submission.grid import profile_path
+    from submission.grid.both import line_configs, load_both_profile
+    from submission.grid.config import load_grid_profile
+
+    line = profile_line(profile)
+    if line != "both":
+        return (load_grid_profile if line == "grid" else load_profile)(profile).build
+    both = load_both_profile(profile)
+    reasoning, grid = line_configs(both)
+    if reasoning.build.target != grid.build.target:
+        raise ValueError(f"{profile_path(profile)}: reasoning.profile {both.reasoning.profile} builds for target "
+                         f"{reasoning.build.target!r}, grid.profile {both.grid.profile} for {grid.build.target!r}: "
+                         f"one bundle installs one set of wheels")
+    return reasoning.build
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -66,20 +94,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", required=True)
     parser.add_argument("--target")
     parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--model", type=Path)
+    parser.add_argument("--model", type=Path, help="the checkpoint (a combined profile: the reasoning line's)")
+    parser.add_argument("--grid-model", type=Path, help="a combined profile's grid model (build.grid_vocab's cut)")
     parser.add_argument("--list", type=Path)
     parser.add_argument("--recipe", type=Path)
     parser.add_argument("--calibration-tasks", type=Path)
     parser.add_argument("--id", help="the Kaggle dataset id (default: KAGGLE_USERNAME/arc-kit-bundle)")
     args = parser.parse_args(argv)
-    from submission.config import load_profile
-    from submission.grid import NOT_BUNDLED
-    from submission.grid.config import load_grid_profile
-
-    line = profile_line(args.profile)
-    if line == "both":
-        parser.error(NOT_BUNDLED.format(profile=args.profile))
-    plan = (load_grid_profile if line == "grid" else load_profile)(args.profile).build
+    try:
+        plan = build_plan(args.profile)
+    except ValueError as err:
+        parser.error(str(err))
 
     def chosen(option, configured: str):
         return option if option is not None else (Path(configured) if configured else None)
@@ -88,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     planned = {key: getattr(plan, key, "") for key in ("expert_list", "recipe", "calibration_tasks")}  # grid: none
     dataset = run(args.profile, args.target or plan.target, args.out, args.model,
                   chosen(args.list, planned["expert_list"]), chosen(args.recipe, planned["recipe"]),
-                  chosen(args.calibration_tasks, planned["calibration_tasks"]), chosen_id)
+                  chosen(args.calibration_tasks, planned["calibration_tasks"]), chosen_id, args.grid_model)
     print(upload_advice(dataset, chosen_id))
 
 

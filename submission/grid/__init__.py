@@ -8,8 +8,6 @@ import tomllib
 from pathlib import Path
 
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"
-NOT_BUNDLED = ("{profile}: a combined profile; the bundle carries one line's model and profile (a reasoning or a "
-               "grid-line profile), not both lines yet: run it with python -m submission.grid.both")
 
 
 def profile_path(name_or_path: str | Path) -> Path:
