@@ -11,7 +11,11 @@ module after the wheels are installed and before the solver: exit status 1 means
 The memory check is an estimate (weights split evenly over tensor x pipeline ranks, plus the profile's KV cache,
 against vLLM's default 90% of each GPU's memory); activations and CUDA graphs are not counted. A grid-line profile
 (`line = "grid"`, submission/grid/) needs one GPU per distinct CUDA device of `run.devices`, each holding the whole
-model (its TTT adapter, activations and the search's KV cache are not counted), and a 16-token grid model.
+model (its TTT adapter, activations and the search's KV cache are not counted), and a 16-token grid model. A
+combined profile (`line = "both"`, a bundle with model/ and grid-model/) is checked as its two lines on their shares
+of the machine: the GPU split first (`reasoning.devices` and `grid.devices` name disjoint GPUs that this machine has),
+then each line's own checks above against the GPUs its share makes visible and its own model, then the disk and the
+bundle once.
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from submission.boot import MODEL_DIRS
 from submission.config import Profile, ProfileError, load_profile
-from submission.grid import profile_line
+from submission.grid import profile_line, profile_path
+from submission.grid.both import BothProfile, line_configs, load_both_profile
 from submission.grid.config import GridProfile, load_grid_profile
 from submission.grid.format import VOCAB
 
@@ -58,6 +64,7 @@ class Facts:
     model_config: dict | None  # the model folder's config.json; None: missing or unreadable
     manifest: dict  # the bundle's manifest.json (target, lock, profile, model provenance)
     bundle_profile: str  # the profile kit/bundle.json names
+    model_dir: str = MODEL_DIRS[0]  # the folder model_bytes and model_config come from (a combined bundle: two)
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,12 @@ def _config_value(config: dict, keys: tuple[str, ...]) -> int | None:
 
 def checks(profile: Profile | GridProfile, facts: Facts) -> list[Check]:
     """Every check, passed or not, in report order. Pure."""
+    return [*_gpu_checks(profile, facts), _disk_check(facts), *_line_model_checks(profile, facts),
+            _bundle_check(profile.name, facts)]
+
+
+def _gpu_checks(profile: Profile | GridProfile, facts: Facts) -> list[Check]:
+    """The GPU count, the memory estimate and the driver for one line on the GPUs of `facts`."""
     out = []
     cuda = cuda_major(facts.manifest.get("lock", ""))
     needed = gpus_needed(profile, cuda)
@@ -118,23 +131,36 @@ def checks(profile: Profile | GridProfile, facts: Facts) -> list[Check]:
         out.append(Check("NVIDIA driver", major is not None and (floor is None or major >= floor),
                          f"{facts.driver or 'not found (no nvidia-smi)'}; the CUDA {cuda} wheels need "
                          f"{floor or '?'} or newer"))
-    need_disk = facts.split_bytes + DISK_MARGIN
-    out.append(Check("disk", facts.free_disk_bytes >= need_disk,
-                     f"{facts.free_disk_bytes / GIB:.1f} GiB free, {need_disk / GIB:.1f} GiB needed (split files "
-                     f"{facts.split_bytes / GIB:.1f} GiB + {DISK_MARGIN / GIB:.0f} GiB)"))
-    out += _grid_model_checks(facts) if grid else _model_checks(profile, facts)
-    named = facts.manifest.get("profile")
-    out.append(Check("bundle", named == facts.bundle_profile == profile.name,
-                     f"manifest profile {named}, kit/bundle.json {facts.bundle_profile}, running {profile.name}; "
-                     f"target {facts.manifest.get('target', '?')}, kit commit "
-                     f"{str(facts.manifest.get('kit_commit', '?'))[:12]}"))
     return out
+
+
+def _disk_check(facts: Facts) -> Check:
+    need_disk = facts.split_bytes + DISK_MARGIN
+    return Check("disk", facts.free_disk_bytes >= need_disk,
+                 f"{facts.free_disk_bytes / GIB:.1f} GiB free, {need_disk / GIB:.1f} GiB needed (split files "
+                 f"{facts.split_bytes / GIB:.1f} GiB + {DISK_MARGIN / GIB:.0f} GiB)")
+
+
+def _bundle_check(name: str, facts: Facts) -> Check:
+    named = facts.manifest.get("profile")
+    return Check("bundle", named == facts.bundle_profile == name,
+                 f"manifest profile {named}, kit/bundle.json {facts.bundle_profile}, running {name}; "
+                 f"target {facts.manifest.get('target', '?')}, kit commit "
+                 f"{str(facts.manifest.get('kit_commit', '?'))[:12]}")
+
+
+def _line_model_checks(profile: Profile | GridProfile, facts: Facts) -> list[Check]:
+    return _grid_model_checks(facts) if isinstance(profile, GridProfile) else _model_checks(profile, facts)
+
+
+def _missing_config(facts: Facts) -> Check:
+    return Check("model config", False, f"{facts.model_dir}/config.json is missing or not JSON")
 
 
 def _grid_model_checks(facts: Facts) -> list[Check]:
     config = facts.model_config
     if config is None:
-        return [Check("model config", False, "model/config.json is missing or not JSON")]
+        return [_missing_config(facts)]
     architectures = config.get("architectures") or []
     return [Check("model architecture", bool(architectures), ", ".join(architectures) or "none in config.json"),
             Check("grid vocabulary", config.get("vocab_size") == VOCAB,
@@ -145,7 +171,7 @@ def _grid_model_checks(facts: Facts) -> list[Check]:
 def _model_checks(profile: Profile, facts: Facts) -> list[Check]:
     config = facts.model_config
     if config is None:
-        return [Check("model config", False, "model/config.json is missing or not JSON")]
+        return [_missing_config(facts)]
     architectures = config.get("architectures") or []
     experts = _config_value(config, EXPERT_KEYS)
     out = [Check("model architecture", bool(architectures),
@@ -170,6 +196,53 @@ def _model_checks(profile: Profile, facts: Facts) -> list[Check]:
                          f"{profile.engine.mtp_speculative_tokens} draft tokens asked; config.json has "
                          f"{layers or 'no'} MTP layer(s)"))
     return out
+
+
+def gpu_indices(value: str) -> tuple[int, ...] | None:
+    """The GPUs a CUDA_VISIBLE_DEVICES value names ("2,3" -> (2, 3)); None unless it is a list of indices."""
+    parts = [part.strip() for part in value.split(",")]
+    return tuple(int(part) for part in parts) if value.strip() and all(p.isdigit() for p in parts) else None
+
+
+def gpu_split(both: BothProfile, where: str, found: int) -> Check:
+    """Whether `reasoning.devices` and `grid.devices` of a combined profile (file `where`) give each line its own
+    GPUs, all of them among the `found` ones. An empty value is every GPU, which the other line uses too."""
+    fields = {"reasoning.devices": both.reasoning.devices, "grid.devices": both.grid.devices}
+    problems = []
+    for key, value in fields.items():
+        if not value.strip():
+            problems.append(f"{key} is empty (every GPU, shared with the other line): give each line its own, "
+                            f"e.g. \"0,1\" and \"2,3\"")
+        elif gpu_indices(value) is None:
+            problems.append(f"{key} {value!r}: expected GPU indices such as \"2,3\"")
+        elif max(gpu_indices(value)) >= found:
+            problems.append(f"{key} {value!r} names GPU {max(gpu_indices(value))}, but {found} found")
+    sides = [set(gpu_indices(v) or ()) for v in fields.values()]
+    if sides[0] & sides[1]:
+        problems.append(f"reasoning.devices {both.reasoning.devices!r} and grid.devices {both.grid.devices!r} share "
+                        f"GPU {', '.join(map(str, sorted(sides[0] & sides[1])))}")
+    detail = (f"{where}: " + "; ".join(problems)) if problems else (
+        f"reasoning line GPUs {both.reasoning.devices}, grid line GPUs {both.grid.devices} of {found} ({where})")
+    return Check("GPU split", not problems, detail)
+
+
+def both_checks(both: BothProfile, where: str, facts: Facts, grid_facts: Facts) -> list[Check]:
+    """A combined profile's checks (`where`: its file), pure: the GPU split (with CUDA wheels), then each line's GPU
+    and model checks as `checks` makes them, on the GPUs its share makes visible (`facts`: the reasoning model,
+    `grid_facts`: the grid model, the same machine), then the disk and the bundle once."""
+    reasoning, grid = line_configs(both)
+    out = []
+    cuda = cuda_major(facts.manifest.get("lock", ""))
+    if cuda is not None:
+        out.append(gpu_split(both, where, len(facts.gpus)))
+    for name, profile, seen, devices in (("reasoning", reasoning, facts, both.reasoning.devices),
+                                         ("grid", grid, grid_facts, both.grid.devices)):
+        visible = gpu_indices(devices)
+        if visible is not None:
+            seen = replace(seen, gpus=tuple(seen.gpus[i] for i in visible if i < len(seen.gpus)))
+        out += [replace(c, name=f"{name} line: {c.name}")
+                for c in _gpu_checks(profile, seen) + _line_model_checks(profile, seen)]
+    return out + [_disk_check(facts), _bundle_check(both.name, facts)]
 
 
 def report(results: list[Check]) -> str:
@@ -200,19 +273,24 @@ def gather(bundle: Path, work: Path) -> Facts:
     """The facts of this machine and bundle (nvidia-smi, the file system); seconds, nothing is hashed."""
     manifest = json.loads((bundle / "manifest.json").read_text())
     suffix = manifest.get("split_part_suffix", ".part")
-    files = [p for p in (bundle / "model").rglob("*") if p.is_file()]
-    try:
-        config = json.loads((bundle / "model" / "config.json").read_text())
-    except (OSError, ValueError):
-        config = None
     gpus, driver = _nvidia_smi()
     work.mkdir(parents=True, exist_ok=True)
     return Facts(
         gpus=gpus, driver=driver, free_disk_bytes=shutil.disk_usage(work).free,
         split_bytes=sum(p.stat().st_size for p in bundle.rglob(f"*{suffix}[0-9][0-9][0-9]")),
-        model_bytes=sum(p.stat().st_size for p in files if ".safetensors" in p.name),  # split parts included
-        model_config=config, manifest=manifest,
+        **model_facts(bundle, MODEL_DIRS[0]), manifest=manifest,
         bundle_profile=json.loads((bundle / "kit" / "bundle.json").read_text())["profile"])
+
+
+def model_facts(bundle: Path, folder: str) -> dict:
+    """Facts' model fields for one of the bundle's model folders (a missing folder: no bytes, no config)."""
+    files = [p for p in (bundle / folder).rglob("*") if p.is_file()]
+    try:
+        config = json.loads((bundle / folder / "config.json").read_text())
+    except (OSError, ValueError):
+        config = None
+    return {"model_dir": folder, "model_config": config,
+            "model_bytes": sum(p.stat().st_size for p in files if ".safetensors" in p.name)}  # split parts included
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,12 +301,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         facts = gather(args.bundle, args.work)
-        profile = (load_grid_profile if profile_line(facts.bundle_profile) == "grid" else load_profile)(
-            facts.bundle_profile)
+        line = profile_line(facts.bundle_profile)
+        if line == "both":
+            results = both_checks(load_both_profile(facts.bundle_profile), str(profile_path(facts.bundle_profile)),
+                                  facts, replace(facts, **model_facts(args.bundle, MODEL_DIRS[1])))
+        else:
+            results = checks((load_grid_profile if line == "grid" else load_profile)(facts.bundle_profile), facts)
     except (OSError, ValueError, KeyError, ProfileError) as err:
         print(f"preflight: REFUSED, cannot read the bundle {args.bundle}: {err}")
         return 1
-    results = checks(profile, facts)
     print(report(results))
     return 0 if all(c.ok for c in results) else 1
 

@@ -152,3 +152,86 @@ def test_the_command_refuses_a_four_gpu_profile_on_this_machine(tmp_path):
                                                                  "vocab_size": 16})
     passed = subprocess.run(command + [str(grid)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert passed.returncode == 0 and "ok   grid vocabulary" in passed.stdout, passed.stdout + passed.stderr
+
+
+GRID_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 16}
+
+
+def kaggle_both(**changes) -> tuple[Facts, Facts]:
+    """The both-4xL4 bundle on four L4s: the dense 27B (quantised) in model/, the 4B grid model in grid-model/."""
+    facts = Facts(gpus=(L4,) * 4, driver="580.82.07", free_disk_bytes=80 * GIB, split_bytes=0, model_bytes=16 * GIB,
+                  model_config={"architectures": ["Qwen3ForCausalLM"], "mtp_num_hidden_layers": 1,
+                                "quantization_config": {"quant_method": "compressed-tensors"}},
+                  manifest={"lock": GPU_LOCK, "profile": "both-4xL4", "target": "kaggle-gpu-py311", "model": {}},
+                  bundle_profile="both-4xL4")
+    facts = replace(facts, **changes)
+    return facts, replace(facts, model_dir="grid-model", model_bytes=8 * GIB, model_config=GRID_CONFIG)
+
+
+def both_failed(profile, facts: Facts, grid_facts: Facts) -> dict[str, str]:
+    from submission.grid.both import load_both_profile
+    from submission.preflight import both_checks
+
+    return {c.name: c.detail for c in both_checks(load_both_profile(profile), str(profile), facts, grid_facts)
+            if not c.ok}
+
+
+def test_a_combined_bundle_checks_each_line_on_its_share_of_the_gpus():
+    from submission.grid.both import load_both_profile
+    from submission.preflight import both_checks
+
+    results = both_checks(load_both_profile("both-4xL4"), "profiles/both-4xL4.toml", *kaggle_both())
+    assert [c.name for c in results if not c.ok] == [], report(results)
+    details = {c.name: c.detail for c in results}
+    assert details["GPU split"].startswith("reasoning line GPUs 0,1, grid line GPUs 2,3 of 4")
+    # each line sees two GPUs and needs two: the reasoning line's TP 2, the grid line's two workers
+    assert "2 found (NVIDIA L4), the profile both-4xL4-reasoning needs 2" in details["reasoning line: GPUs"]
+    assert "2 found (NVIDIA L4), the profile both-4xL4-grid needs 2" in details["grid line: GPUs"]
+    assert "weights 16.0 GiB over 2" in details["reasoning line: GPU memory"]
+    assert {"reasoning line: quantisation", "grid line: grid vocabulary", "disk", "bundle"} <= set(details)
+    # the memory estimate is each line's on its own GPUs: the 16 GiB model fits over two, not a 24 GiB grid model
+    facts, grid_facts = kaggle_both(model_bytes=44 * GIB)
+    assert set(both_failed("both-4xL4", facts, replace(grid_facts, model_bytes=24 * GIB))) == {
+        "reasoning line: GPU memory", "grid line: GPU memory"}
+
+
+def test_a_combined_bundle_refuses_overlapping_or_missing_gpus_naming_the_file_and_field(tmp_path):
+    path = tmp_path / "both-overlap.toml"
+    path.write_text('line = "both"\n[reasoning]\nprofile = "dense-27b-4xL4"\ndevices = "0,1"\n'
+                    'tensor_parallel_size = 2\n[grid]\nprofile = "grid-4b-4xL4"\ndevices = "1,2"\n'
+                    'workers = ["cuda:0", "cuda:1"]\n')
+    facts, grid_facts = kaggle_both(manifest={**kaggle_both()[0].manifest, "profile": "both-overlap"},
+                                    bundle_profile="both-overlap")
+    problems = both_failed(path, facts, grid_facts)
+    assert list(problems) == ["GPU split"]
+    assert problems["GPU split"] == f"{path}: reasoning.devices '0,1' and grid.devices '1,2' share GPU 1"
+    two = both_failed(path, *kaggle_both(gpus=(L4, L4), manifest=facts.manifest, bundle_profile="both-overlap"))
+    assert "grid.devices '1,2' names GPU 2, but 2 found" in two["GPU split"]
+    assert "1 found (NVIDIA L4), the profile both-overlap-grid needs 2" in two["grid line: GPUs"]
+    path.write_text('line = "both"\n[reasoning]\nprofile = "dense-27b-4xL4"\ndevices = "0,1"\n'
+                    '[grid]\nprofile = "grid-4b-4xL4"\n')
+    assert "grid.devices is empty (every GPU, shared with the other line)" in both_failed(path, facts, grid_facts)[
+        "GPU split"]
+
+
+def test_a_combined_bundle_refuses_a_missing_or_wrong_grid_model():
+    facts, grid_facts = kaggle_both()
+    missing = both_failed("both-4xL4", facts, replace(grid_facts, model_config=None, model_bytes=0))
+    assert missing == {"grid line: model config": "grid-model/config.json is missing or not JSON"}
+    swapped = both_failed("both-4xL4", facts, replace(grid_facts, model_config=facts.model_config))
+    assert "the grid line needs 16 (build.grid_vocab)" in swapped["grid line: grid vocabulary"]
+
+
+def test_the_command_on_a_combined_bundle_without_its_grid_model(tmp_path):
+    """End to end on a CPU bundle of both-tiny: both models there passes; the grid model's folder gone is refused."""
+    bundle = fake_bundle(tmp_path / "both", "both-tiny", CPU_LOCK, {"architectures": ["Qwen3ForCausalLM"]})
+    (bundle / "grid-model").mkdir()
+    (bundle / "grid-model" / "config.json").write_text(json.dumps(GRID_CONFIG))
+    command = [sys.executable, "-m", "submission.preflight", "--work", str(tmp_path / "work"), "--bundle", str(bundle)]
+    passed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert passed.returncode == 0 and "ok   grid line: grid vocabulary" in passed.stdout, passed.stdout
+    assert "ok   reasoning line: model architecture" in passed.stdout
+    (bundle / "grid-model" / "config.json").unlink()
+    refused = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "FAIL grid line: model config: grid-model/config.json is missing or not JSON" in refused.stdout
