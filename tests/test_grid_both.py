@@ -134,26 +134,53 @@ def test_shipped_combined_profiles_give_each_line_its_share(tmp_path):
     assert (g.run.devices, g.run.max_len, g.run.time_limit_s, both.grid.devices) == (
         ("cuda:0", "cuda:1"), (13312, 12288), 3600.0, "2,3")
     assert g.ttt == load_grid_profile("grid-4b-4xL4").ttt  # the rest is the line's own profile
+    # the commit run's rehearsal (--scale-schedule): both lines' margins and caps scaled to its deadline
+    from dataclasses import replace
+
+    from submission.grid.both import line_configs
+
+    r, g = line_configs(load_both_profile("both-tiny"), 600.0, scale=True)
+    assert r.schedule == load_profile("cpu-tiny").schedule.scaled(600.0) and r.schedule.cap_first_single == 192
+    assert g.run == replace(load_grid_profile("grid-tiny").run, devices=("cpu",), max_len=(4096,)).scaled(600.0)
     (tmp_path / "bad.toml").write_text('line = "both"\n[grid]\nworkerz = ["cpu"]\n')
     with pytest.raises(ProfileError, match="workerz"):
         load_both_profile(tmp_path / "bad.toml")
 
 
-def test_the_bundle_refuses_a_combined_profile_with_the_reason(tmp_path, capsys):
+def test_a_combined_bundle_takes_both_models_each_for_its_line(tmp_path, capsys):
+    """Refused before anything is copied: a combined profile without its grid model, either model the wrong one for
+    its line, a grid model for a one-line profile, two line profiles that need different wheels (tests/
+    test_offline_boot.py builds and boots the combined bundle)."""
     from build.bundle import bundle
     from build.pipeline import main as pipeline
 
-    with pytest.raises(ValueError, match="not both lines yet"):
-        bundle("both-4xL4", tmp_path, tmp_path / "bundle")
+    reasoning, grid = tmp_path / "reasoning", tmp_path / "grid"
+    for folder, vocab in ((reasoning, 151936), (grid, 16)):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"vocab_size": vocab}))
+    out = tmp_path / "bundle"
+    with pytest.raises(ValueError, match="both-tiny: a combined profile bundles two models.*--grid-model"):
+        bundle("both-tiny", reasoning, out)
+    with pytest.raises(ValueError, match=f"{grid}: vocab_size 16: the reasoning line needs a full vocabulary"):
+        bundle("both-tiny", grid, out, grid_model=grid)
+    with pytest.raises(ValueError, match=f"{reasoning}: vocab_size 151936: the grid line needs the 16-token"):
+        bundle("both-tiny", reasoning, out, grid_model=reasoning)
+    with pytest.raises(ValueError, match="cpu-tiny: a reasoning-line profile bundles one model"):
+        bundle("cpu-tiny", reasoning, out, grid_model=grid)
+    assert not out.exists() and not out.with_name("bundle.partial").exists()
+    mixed = tmp_path / "both-mixed.toml"
+    mixed.write_text('line = "both"\n[reasoning]\nprofile = "cpu-tiny"\n[grid]\nprofile = "grid-4b-4xL4"\n')
     with pytest.raises(SystemExit):
-        pipeline(["--profile", "both-4xL4", "--out", str(tmp_path / "out")])
-    assert "submission.grid.both" in capsys.readouterr().err and not (tmp_path / "bundle").exists()
+        pipeline(["--profile", str(mixed), "--out", str(tmp_path / "out")])
+    assert (f"{mixed}: reasoning.profile cpu-tiny builds for target 'cpu-py311', grid.profile grid-4b-4xL4 for "
+            "'kaggle-gpu-py311'") in capsys.readouterr().err
 
 
 def test_a_bundle_takes_the_model_its_line_runs():
     from build.bundle import bundled_line, model_problem
 
     assert bundled_line("grid-4b-4xL4") == "grid" and bundled_line("cpu-tiny") == "reasoning"
+    assert bundled_line("both-4xL4") == bundled_line("both-tiny") == "both"
     assert model_problem("grid", {"vocab_size": 16}) == model_problem("reasoning", {"vocab_size": 151936}) == ""
     assert "build.grid_vocab" in model_problem("grid", {"vocab_size": 151936})
     assert "full vocabulary" in model_problem("reasoning", {"vocab_size": 16})
