@@ -43,6 +43,31 @@ def test_rehearsal_problems_name_the_tasks_without_a_finished_attempt():
     assert boot.rehearsal_problems(["a"], []) == ["no attempt finished on any of the 1 rehearsal tasks"]
 
 
+def test_a_combined_bundle_runs_both_lines_and_its_rehearsal_waits_for_each_log(tmp_path):
+    line = lambda task, aborted=False: json.dumps({"task_id": task, "aborted": aborted}) + "\n"  # noqa: E731
+    out = tmp_path / "rehearsal" / "submission.json"
+    logs = boot.line_logs(out, tmp_path / "attempts.jsonl", tmp_path / "grid-model")
+    assert logs == {"reasoning line": tmp_path / "rehearsal" / "reasoning" / "attempts.jsonl",
+                    "grid line": tmp_path / "rehearsal" / "grid" / "attempts.jsonl"}
+    assert boot.line_logs(out, tmp_path / "attempts.jsonl", None) == {"": tmp_path / "attempts.jsonl"}
+    both = boot.solver_command("both-4xL4", Path("model"), Path("t.json"), out, 99.6, tmp_path / "attempts.jsonl",
+                               Path("grid-model"))
+    assert both[1:3] == ["-m", "submission.grid.both"] and "--log" not in both and "--model" not in both
+    assert [both[both.index(flag) + 1] for flag in ("--reasoning-model", "--grid-model", "--deadline")] == [
+        "model", "grid-model", "99"]
+    one = boot.solver_command("cpu-tiny", Path("model"), Path("t.json"), out, 99.6, tmp_path / "a.jsonl", None)
+    assert one[1:3] == ["-m", "submission.main"] and one[one.index("--model") + 1] == "model"
+    for path in logs.values():
+        path.parent.mkdir(parents=True)
+    reasoning, grid = logs.values()
+    reasoning.write_text(line("a") + line("b"))
+    assert not boot.finished_everywhere(["a", "b"], [reasoning, grid])  # the grid line has logged nothing yet
+    grid.write_text(line("a") + line("b", aborted=True) + '{"task_id": "b"')  # aborted; then a line being written
+    assert not boot.finished_everywhere(["a", "b"], [reasoning, grid])
+    grid.write_text(line("a") + line("b"))
+    assert boot.finished_everywhere(["a", "b"], [reasoning, grid])
+
+
 def test_an_answer_file_is_complete_only_with_every_task_and_input(tmp_path):
     fallback = {"a": [{}], "b": [{}, {}]}
     answer = tmp_path / "submission.json"
