@@ -226,11 +226,13 @@ def gpu_split(both: BothProfile, where: str, found: int) -> Check:
     return Check("GPU split", not problems, detail)
 
 
-def both_checks(both: BothProfile, where: str, facts: Facts, grid_facts: Facts) -> list[Check]:
-    """A combined profile's checks (`where`: its file), pure: the GPU split (with CUDA wheels), then each line's GPU
-    and model checks as `checks` makes them, on the GPUs its share makes visible (`facts`: the reasoning model,
-    `grid_facts`: the grid model, the same machine), then the disk and the bundle once."""
-    reasoning, grid = line_configs(both)
+def both_checks(both: BothProfile, lines: tuple[Profile, GridProfile], where: str, facts: Facts,
+                grid_facts: Facts) -> list[Check]:
+    """A combined profile's checks (`where`: its file; `lines`: its line profiles with their shares, line_configs),
+    pure: the GPU split (with CUDA wheels), then each line's GPU and model checks as `checks` makes them, on the GPUs
+    its share makes visible (`facts`: the reasoning model, `grid_facts`: the grid model, the same machine), then the
+    disk and the bundle once."""
+    reasoning, grid = lines
     out = []
     cuda = cuda_major(facts.manifest.get("lock", ""))
     if cuda is not None:
@@ -303,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         facts = gather(args.bundle, args.work)
         line = profile_line(facts.bundle_profile)
         if line == "both":
-            results = both_checks(load_both_profile(facts.bundle_profile), str(profile_path(facts.bundle_profile)),
-                                  facts, replace(facts, **model_facts(args.bundle, MODEL_DIRS[1])))
+            both = load_both_profile(facts.bundle_profile)
+            results = both_checks(both, line_configs(both), str(profile_path(facts.bundle_profile)), facts,
+                                  replace(facts, **model_facts(args.bundle, MODEL_DIRS[1])))
         else:
             results = checks((load_grid_profile if line == "grid" else load_profile)(facts.bundle_profile), facts)
     except (OSError, ValueError, KeyError, ProfileError) as err:

@@ -3,7 +3,8 @@ environment from its own wheels only, passes the preflight and runs the commit r
 evaluation tasks (an attempt per task, written and scored) while submission.json stays the complete [[0]] file of the
 test set; a bundle missing a wheel fails with a message naming it and still leaves a complete [[0]] answer file. The
 grid line's bundle (grid-tiny: the tiny Qwen3 cut to 16 tokens, two worker processes, PEFT from the bundle's wheels)
-boots and rehearses the same way.
+boots and rehearses the same way, and so does the combined bundle (both-tiny: the reasoning line's tiny model and the
+grid model in one dataset, both lines rehearsed at once, their answers merged).
 Needs the engine environment and the CPU target's wheels (fetched into ~/.cache/arc-kit/wheels on first use: about
 500 MB)."""
 
@@ -32,11 +33,11 @@ socket.create_connection = _refuse
 """
 
 
-def kaggle_input(root: Path, arc_data: Path) -> dict:
-    """/kaggle/input as the commit run sees it (three small evaluation tasks as test and evaluation sets) and the
-    socket guard under `root`; the challenges."""
+def kaggle_input(root: Path, arc_data: Path, count: int = 3) -> dict:
+    """/kaggle/input as the commit run sees it (the `count` smallest evaluation tasks as test and evaluation sets) and
+    the socket guard under `root`; the challenges."""
     challenges, solutions = {}, {}
-    for file in sorted((arc_data / "arc-agi-2" / "evaluation").glob("*.json"), key=lambda f: f.stat().st_size)[:3]:
+    for file in sorted((arc_data / "arc-agi-2" / "evaluation").glob("*.json"), key=lambda f: f.stat().st_size)[:count]:
         task = json.loads(file.read_text())
         challenges[file.stem] = {"train": task["train"], "test": [{"input": p["input"]} for p in task["test"]]}
         solutions[file.stem] = [p["output"] for p in task["test"]]
@@ -58,7 +59,7 @@ def offline(tmp_path_factory, arc_data):
     return root, made, kaggle_input(root, arc_data)
 
 
-def boot(root: Path, bundle_dir: Path, name: str) -> subprocess.CompletedProcess:
+def boot(root: Path, bundle_dir: Path, name: str, tasks: int = 3) -> subprocess.CompletedProcess:
     """A fresh virtual environment, no network namespace (where the machine allows one) and a socket guard."""
     venv = root / f"venv-{name}"
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
@@ -67,7 +68,7 @@ def boot(root: Path, bundle_dir: Path, name: str) -> subprocess.CompletedProcess
                PIP_CONFIG_FILE=os.devnull)
     command = [str(venv / "bin" / "python"), str(bundle_dir / "kit" / "submission" / "boot.py"), "--bundle",
                str(bundle_dir), "--input", str(root / "input"), "--out-dir", str(root / f"out-{name}"),
-               "--rehearsal-tasks", "3", "--rehearsal-deadline", "600"]
+               "--rehearsal-tasks", str(tasks), "--rehearsal-deadline", "600"]
     if shutil.which("unshare") and subprocess.run(["unshare", "-n", "true"]).returncode == 0:
         command = ["unshare", "-n", *command]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=1500)
@@ -133,3 +134,40 @@ def test_a_grid_line_bundle_boots_offline_and_rehearses(tmp_path, arc_data):
     assert all(a["grid"] is not None or a["parse_error"] for a in attempts)  # random weights may find no grid
     rehearsed = json.loads((tmp_path / "out-grid" / "rehearsal" / "submission.json").read_text())
     assert {k: len(v) for k, v in rehearsed.items()} == {k: len(v["test"]) for k, v in challenges.items()}
+
+
+@pytest.mark.timeout(1800)
+def test_a_combined_bundle_boots_offline_and_merges_both_lines(tmp_path, arc_data):
+    """both-tiny's bundle: the tiny Qwen3 for the reasoning line (hf engine) in model/, the same cut to 16 tokens for
+    one grid worker in grid-model/; the rehearsal runs submission.grid.both on two real tasks and ends once each
+    line's log has a finished attempt per task; its answer file is the merge of the two logs."""
+    from build.grid_vocab import cut
+    from submission.attempts import read_log
+    from submission.grid.merge import merge_logs
+
+    challenges = kaggle_input(tmp_path, arc_data, count=2)
+    reasoning = make_checkpoint(tmp_path / "base", "qwen3", seed=0)
+    made = bundle("both-tiny", reasoning, tmp_path / "bundle", target="cpu-py311",
+                  grid_model=cut(reasoning, tmp_path / "grid"))
+    assert verify(made) == []
+    manifest = json.loads((made / "manifest.json").read_text())
+    assert {"model/config.json", "grid-model/config.json", "grid-model/grid_vocab.json"} <= set(manifest["files"])
+    assert manifest["grid_model"]["source"] == str(tmp_path / "grid") and manifest["model"]["patches"]
+    assert json.loads((made / "kit" / "bundle.json").read_text())["line"] == "both"
+    result = boot(tmp_path, made, "both", tasks=2)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "preflight: ok" in result.stdout and "ok   grid line: grid vocabulary" in result.stdout
+    assert "every task has a finished attempt: ending the solver now" in result.stdout
+    assert "rehearsal ok: every one of 2 tasks got a finished attempt in each line's log" in result.stdout
+    assert "score (both): task-weighted" in result.stdout
+    answer = json.loads((tmp_path / "out-both" / "submission.json").read_text())  # the commit run's: [[0]]
+    assert all(slot == {"attempt_1": [[0]], "attempt_2": [[0]]} for slots in answer.values() for slot in slots)
+    folder = tmp_path / "out-both" / "rehearsal"
+    logs = {line: read_log(folder / line / "attempts.jsonl") for line in ("reasoning", "grid")}
+    for records in logs.values():  # both lines ran every task
+        assert {r.task_id for r in records if not r.aborted} == set(challenges)
+    counts = {task_id: len(task["test"]) for task_id, task in challenges.items()}
+    merged = json.loads((folder / "submission.json").read_text())
+    assert {(t, i): (tuple(map(tuple, s["attempt_1"])), tuple(map(tuple, s["attempt_2"])))
+            for t, slots in merged.items() for i, s in enumerate(slots)} == merge_logs(counts, logs["reasoning"],
+                                                                                        logs["grid"])

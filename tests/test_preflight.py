@@ -169,18 +169,20 @@ def kaggle_both(**changes) -> tuple[Facts, Facts]:
 
 
 def both_failed(profile, facts: Facts, grid_facts: Facts) -> dict[str, str]:
-    from submission.grid.both import load_both_profile
+    from submission.grid.both import line_configs, load_both_profile
     from submission.preflight import both_checks
 
-    return {c.name: c.detail for c in both_checks(load_both_profile(profile), str(profile), facts, grid_facts)
+    both = load_both_profile(profile)
+    return {c.name: c.detail for c in both_checks(both, line_configs(both), str(profile), facts, grid_facts)
             if not c.ok}
 
 
 def test_a_combined_bundle_checks_each_line_on_its_share_of_the_gpus():
-    from submission.grid.both import load_both_profile
+    from submission.grid.both import line_configs, load_both_profile
     from submission.preflight import both_checks
 
-    results = both_checks(load_both_profile("both-4xL4"), "profiles/both-4xL4.toml", *kaggle_both())
+    both = load_both_profile("both-4xL4")
+    results = both_checks(both, line_configs(both), "profiles/both-4xL4.toml", *kaggle_both())
     assert [c.name for c in results if not c.ok] == [], report(results)
     details = {c.name: c.detail for c in results}
     assert details["GPU split"].startswith("reasoning line GPUs 0,1, grid line GPUs 2,3 of 4")
