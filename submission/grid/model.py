@@ -101,7 +101,7 @@ class HFBatchStepper:
     slots cost attention and memory only; once `slack` of them lie beyond the longest row the cache is compacted
     (each row's slots gathered to the front). A finished row is dropped with `batch_select_indices`, as beam search
     drops beams. With `together` the prompts are prefilled in one model call (`search.preload`), else one at a time
-    (one prompt's activations at a time) and their caches stacked."""
+    (one prompt's activations and cache beside the batch's cache at a time)."""
 
     def __init__(self, model, together: bool = False, slack: int = 64):
         self.model = model
@@ -116,14 +116,17 @@ class HFBatchStepper:
         if self.together:
             self.cache, logps = _padded_prefill(self.model, prompts)
         else:
-            parts = [_padded_prefill(self.model, [ids]) for ids in prompts]
-            width = max(len(ids) for ids in prompts)
-            layers = []
-            for i in range(len(parts[0][0].layers)):
-                keys = torch.cat([_pad(cache.layers[i].keys, width) for cache, _ in parts])
-                values = torch.cat([_pad(cache.layers[i].values, width) for cache, _ in parts])
-                layers.append((keys, values))
-            self.cache, logps = DynamicCache(layers, config=self.model.config), [logp[0] for _, logp in parts]
+            width, layers, logps = max(len(ids) for ids in prompts), [], []
+            for row, ids in enumerate(prompts):  # each prompt's cache copied into its row, then freed
+                cache, logp = _padded_prefill(self.model, [ids])
+                logps += logp
+                for i, layer in enumerate(cache.layers):
+                    if row == 0:  # zeros: a padded slot is masked, never read
+                        layers.append(tuple(x.new_zeros((len(prompts), x.shape[1], width, x.shape[3]))
+                                            for x in (layer.keys, layer.values)))
+                    layers[i][0][row, :, :len(ids)] = layer.keys[0]
+                    layers[i][1][row, :, :len(ids)] = layer.values[0]
+            self.cache = DynamicCache(layers, config=self.model.config)
         if any(type(layer) is not DynamicLayer for layer in self.cache.layers):
             raise ValueError("search.dfs_batch > 1 needs full attention in every layer (a sliding-window layer "
                              "drops slots by position, which the masked rows do not follow); set dfs_batch = 1")
@@ -172,11 +175,6 @@ class HFBatchStepper:
         self.mask = (torch.arange(width, device=self.device)
                      < torch.tensor(lengths, device=self.device)[:, None]).long()
         self.paths = [list(range(n, m)) for n, m in zip(self.prompt_len, lengths)]
-
-
-def _pad(x: torch.Tensor, width: int) -> torch.Tensor:
-    """A cache tensor (batch, heads, length, dim) right-padded with zeros to `width` slots (masked when read)."""
-    return torch.nn.functional.pad(x, (0, 0, 0, width - x.shape[2]))
 
 
 @torch.no_grad()
