@@ -221,6 +221,19 @@ def test_views_in_lockstep_stop_at_their_deadline(model):
     assert [r.complete for r in results] == [False, False] and all(r.steps <= 5 for r in results)
 
 
+def test_lockstep_refuses_sliding_window_layers():
+    """A sliding-window layer drops cache slots by position, which the masked rows of lockstep do not follow."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from submission.grid.model import HFBatchStepper
+
+    config = Qwen3Config(vocab_size=16, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, use_sliding_window=True,
+                         sliding_window=8, max_window_layers=1)
+    with pytest.raises(ValueError, match="dfs_batch > 1 needs full attention in every layer"):
+        HFBatchStepper(Qwen3ForCausalLM(config))
+
+
 def test_cut_off_must_be_a_probability(model):
     from submission.grid.dfs import search_batch
 

@@ -107,11 +107,16 @@ class HFBatchStepper:
         self.model = model
         self.device = next(model.parameters()).device
         self.together, self.slack = together, slack
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        if any(type(layer) is not DynamicLayer for layer in DynamicCache(config=model.config).layers):
+            raise ValueError("search.dfs_batch > 1 needs full attention in every layer (a sliding-window layer "
+                             "drops slots by position, which the masked rows do not follow); set dfs_batch = 1")
 
     @torch.no_grad()
     def prefill(self, prompts: Sequence[Sequence[int]]) -> list[np.ndarray]:
         from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
 
         if self.together:
             self.cache, logps = _padded_prefill(self.model, prompts)
@@ -127,9 +132,6 @@ class HFBatchStepper:
                     layers[i][0][row, :, :len(ids)] = layer.keys[0]
                     layers[i][1][row, :, :len(ids)] = layer.values[0]
             self.cache = DynamicCache(layers, config=self.model.config)
-        if any(type(layer) is not DynamicLayer for layer in self.cache.layers):
-            raise ValueError("search.dfs_batch > 1 needs full attention in every layer (a sliding-window layer "
-                             "drops slots by position, which the masked rows do not follow); set dfs_batch = 1")
         self.rows = list(range(len(prompts)))  # the caller's number of each cache row
         self.prompt_len = [len(ids) for ids in prompts]
         self.paths: list[list[int]] = [[] for _ in prompts]
