@@ -101,8 +101,8 @@ def prune_benchmark(workdir: Path, gb: float, repeats: int, targets: Targets) ->
     (workdir / "list.json").write_text(json.dumps({"name": "bench",
                                                    "experts": [sorted(rng.sample(range(EXPERTS), keep))
                                                                for _ in range(layers)]}))
-    imports, _, _ = peak_rss([sys.executable, "-c", "import torch, safetensors, build.prune; "
-                              "import compressed_tensors.entrypoints.convert"])  # the interpreter and its libraries
+    imports, _, _ = peak_rss([sys.executable, "-c", "import numpy, safetensors, build.prune, "
+                              "submission.progress"])  # the interpreter and the libraries build.prune uses
     shutil.copytree(source, workdir / "warm-up")  # both sides read from a warm page cache (never dropped: as root
     shutil.rmtree(workdir / "warm-up")             # that measures the disk and disturbs the whole machine)
     copies, works, peaks = [], [], []

@@ -39,7 +39,8 @@ from build.library_logs import show_library_logs_from
 ROUTER = r"(?:^|\.)layers\.(\d+)\.mlp\.gate\.weight$"
 EXPERT = r"\.mlp\.experts\.\d+\.(?:gate|up|down)_proj\.weight$"
 MTP_ROUTER = r"^mtp\..*\.mlp\.gate\.weight$"
-EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "moe_num_experts", "n_routed_experts")  # compressed-tensors'
+PER_TOKEN_KEYS = ("top_k_experts", "num_experts_per_tok")
 EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
 # safetensors' header dtypes -> the names its serialiser takes (torch's dtype names)
 DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64", "I64": "int64", "I32": "int32",
@@ -104,14 +105,59 @@ def expert_to_router(expert_names: list[str], routers: set[str], source: str) ->
     return out
 
 
-def _mtp_retained(names: list[str], weight_map: dict, files: dict, keep: int) -> dict[str, list[int]]:
-    from safetensors import safe_open
+def checkpoint_files(model: Path) -> dict[str, Path]:
+    """Every file of a checkpoint folder by its path relative to the folder (as compressed-tensors' converter copies
+    them: recursively, less `.cache` and `.gitattributes`)."""
+    if not (model / "config.json").is_file():
+        raise PruneError(f"{model}: no config.json (not a checkpoint folder)")
+    return {str(p.relative_to(model)): p for p in sorted(model.rglob("*"))
+            if p.is_file() and not str(p.relative_to(model)).startswith((".cache", ".gitattributes"))}
 
+
+def weight_map(files: dict[str, Path]) -> dict[str, str]:
+    """Tensor name -> shard file name: the index's, or the single `model.safetensors`'s header."""
+    index = [path for name, path in files.items() if name.endswith("safetensors.index.json")]
+    if index:
+        try:
+            return json.loads(index[0].read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as err:
+            raise PruneError(f"{index[0]}: no weight_map ({err})") from None
+    if "model.safetensors" not in files:
+        raise PruneError(f"{next(iter(files.values())).parent}: neither a safetensors index nor model.safetensors")
+    return {name: "model.safetensors" for name in read_header(files["model.safetensors"])[1] if name != "__metadata__"}
+
+
+def config_value(config: dict, keys: tuple[str, ...]) -> tuple[str, int] | None:
+    """The first of `keys` the config has (top level, then text_config) and its value. Pure."""
+    for key in keys:
+        for level in (config, config.get("text_config") or {}):
+            if level.get(key) is not None:
+                return key, int(level[key])
+    return None
+
+
+def router_rows(path: Path, name: str) -> np.ndarray:
+    """A bf16, f16 or f32 router weight from its shard as float32 rows (numpy has no bfloat16: its bits are the top
+    half of a float32's)."""
+    start, header = read_header(path)
+    info = header[name]
+    begin, end = info["data_offsets"]
+    raw = np.fromfile(path, dtype=np.uint8, count=end - begin, offset=start + begin)
+    if info["dtype"] == "BF16":
+        values = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    elif info["dtype"] in ("F16", "F32"):
+        values = raw.view(np.float16 if info["dtype"] == "F16" else np.float32).astype(np.float32)
+    else:
+        raise PruneError(f"{path}: router {name} has dtype {info['dtype']}")
+    return values.reshape(info["shape"][0], -1)
+
+
+def _mtp_retained(names: list[str], weights: dict, model: Path, keep: int) -> dict[str, list[int]]:
+    """Each MTP router's `keep` experts with the largest row norms, in index order."""
     out = {}
     for name in names:
-        with safe_open(files[weight_map[name]], framework="pt") as f:
-            norms = f.get_tensor(name).float().norm(dim=-1)
-        out[name] = sorted(norms.argsort(descending=True)[:keep].tolist())
+        norms = np.linalg.norm(router_rows(model / weights[name], name), axis=-1)
+        out[name] = sorted(np.argsort(-norms, kind="stable")[:keep].tolist())
     return out
 
 
@@ -172,29 +218,29 @@ def prune_shard(source: Path, target: Path, names: dict[str, str], retained: dic
 
 
 def prune(model: str | Path, list_path: str | Path, out: str | Path, on_shard=None) -> Path:
-    """Prune `model` by the list at `list_path` into `out`; `on_shard(done, total)` after each shard is written."""
-    from compressed_tensors.utils.moe import get_num_experts_config_key, get_num_experts_per_tok, load_model_config
-    from compressed_tensors.utils.safetensors_load import (get_checkpoint_files, get_weight_map,
-                                                           update_safetensors_index)
-
+    """Prune `model` by the list at `list_path` into `out`; `on_shard(done, total)` after each shard is written.
+    Needs numpy and safetensors only: no torch, so the command starts in a fraction of a second."""
     model, out = Path(model), Path(out)
     if out.exists():
         raise PruneError(f"{out}: already exists; refusing to overwrite")
     experts, raw_list = load_list(list_path)
-    files = get_checkpoint_files(str(model))
-    weight_map = get_weight_map(files)
-    config = load_model_config(files)
+    files = checkpoint_files(model)
+    weights = weight_map(files)
+    config = json.loads((model / "config.json").read_text())
     if "quantization_config" in config:
         raise PruneError(f"{model}/config.json: quantization_config is set: prune the unquantised checkpoint, then "
                          "quantise (build.quantize)")
-    key = get_num_experts_config_key(config)
-    num_experts = config.get(key) or config.get("text_config", {}).get(key)
-    routers = {int(m.group(1)): n for n in weight_map if (m := re.search(ROUTER, n)) and not n.startswith("mtp.")}
-    validate_list(experts, routers, num_experts, get_num_experts_per_tok(config), str(list_path))
+    found = config_value(config, EXPERT_COUNT_KEYS)
+    if found is None:
+        raise PruneError(f"{model}/config.json: none of {', '.join(EXPERT_COUNT_KEYS)} (not a mixture of experts)")
+    key, num_experts = found
+    per_token = config_value(config, PER_TOKEN_KEYS)
+    routers = {int(m.group(1)): n for n in weights if (m := re.search(ROUTER, n)) and not n.startswith("mtp.")}
+    validate_list(experts, routers, num_experts, per_token and per_token[1], str(list_path))
     retained = {routers[layer]: sorted(experts[i]) for i, layer in enumerate(sorted(routers))}
-    mtp_routers = [n for n in weight_map if re.search(MTP_ROUTER, n)]
-    retained.update(_mtp_retained(mtp_routers, weight_map, files, len(experts[0])))
-    names = kept_tensors(list(weight_map), retained, str(model))
+    mtp_routers = [n for n in weights if re.search(MTP_ROUTER, n)]
+    retained.update(_mtp_retained(mtp_routers, weights, model, len(experts[0])))
+    names = kept_tensors(list(weights), retained, str(model))
     partial = out.with_name(out.name + ".partial")
     if partial.exists():
         shutil.rmtree(partial)
@@ -211,7 +257,9 @@ def prune(model: str | Path, list_path: str | Path, out: str | Path, on_shard=No
         new_map.update({tensor: Path(name).name for tensor in sizes})
         if on_shard is not None:
             on_shard(done, len(shards))
-    update_safetensors_index(str(partial), total, new_map)
+    index = next((name for name in files if name.endswith("safetensors.index.json")), "model.safetensors.index.json")
+    (partial / index).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": new_map}, indent=2,
+                                            sort_keys=True))
     (partial / "config.json").write_text(json.dumps(set_expert_count(config, len(experts[0])), indent=2,
                                                     sort_keys=True))
     (partial / "pruning.json").write_text(json.dumps({

@@ -317,9 +317,14 @@ def tensor_shapes(files: list[str]) -> dict[str, tuple[int, ...]]:
 
 def quantize(model: str | Path, recipe_path: str | Path, out: str | Path,
              kv_scales: dict[str, float] | None = None, input_amax: dict[str, float] | None = None,
-             report: bool = True) -> dict[str, dict]:
+             report: bool = True, device: str = "auto") -> dict[str, dict]:
     """Quantise `model` by the recipe into `out`; returns the per-module report (scheme, and with `report` the
-    relative error of the dequantised weight: one decompression per tensor, ~15% of the time)."""
+    relative error of the dequantised weight: one decompression per tensor, ~15% of the time).
+
+    `device`: where the shards are quantised: "auto" (every accelerator torch sees, else the CPU: compressed-tensors'
+    own choice), "cpu", or a torch device such as "cuda:0". On a CUDA device compressed-tensors runs its Triton
+    kernels for the FP4 cast and packing; on the CPU its element-wise fallback is ~90% of the time at real widths
+    and runs at ~10 M elements/s on one core (benchmarks/RESULTS.md, "Quantising against copying")."""
     from compressed_tensors.entrypoints.convert import convert_checkpoint
     from compressed_tensors.utils.safetensors_load import get_checkpoint_files
 
@@ -334,7 +339,8 @@ def quantize(model: str | Path, recipe_path: str | Path, out: str | Path,
     schemes = plan(recipe, tensor_shapes(files), table_for(config), str(model))
     quantizer = RecipeQuantizer(schemes, table_for(config), kv_scales, input_amax, report)
     partial = out.with_name(out.name + ".partial")
-    convert_checkpoint(str(model), str(partial), converter=quantizer, max_workers=1, device="cpu")
+    convert_checkpoint(str(model), str(partial), converter=quantizer, max_workers=1,
+                       device=None if device == "auto" else device)
     (partial / "quantization_report.json").write_text(json.dumps(
         {"recipe": recipe.name, "recipe_file": str(Path(recipe_path).resolve()), "tensors": quantizer.report,
          "kv_scales": kv_scales or {}},
@@ -377,6 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=256, help="calibration prompts (one per task)")
     parser.add_argument("--no-report", action="store_true",
                         help="skip the per-tensor error report (a dequantisation per tensor, ~15%% of the time)")
+    parser.add_argument("--device", default="auto",
+                        help="auto (the accelerators torch sees, else the CPU), cpu, or a torch device like cuda:0: "
+                             "on CUDA compressed-tensors quantises with its Triton kernels")
     args = parser.parse_args(argv)
     show_library_logs_from("INFO")
     try:
@@ -392,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  f"calibrating scales: chunk {s.chunk + 1}, layer {s.layer + 1}"))
             finally:
                 line.close()
-        report = quantize(args.model, args.recipe, args.out, kv, amax, not args.no_report)
+        report = quantize(args.model, args.recipe, args.out, kv, amax, not args.no_report, args.device)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

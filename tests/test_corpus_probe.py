@@ -90,10 +90,15 @@ def test_both_panels_are_scored_as_submission_score_scores_the_answer_files(corp
     real_inputs = len(load_labels(panel / f"{ids(panel)[1]}.json")[ids(panel)[1]])
     assert f"| real | 2 | {report['panels']['real']['test_inputs']} | {real_inputs} | 0.500 | 0 |" in printed
 
-    # --max-tasks 1: each panel's first task by id only, scored against that task alone (the held-out one is right)
+    # --max-tasks 1: each panel's first task by id only, scored against that task alone (the held-out one is right);
+    # through the spelling, `python -m training.corpus probe ... --real TASKS`
+    from training.corpus.__main__ import main as corpus_main
+
     out = tmp_path / "probe-1"
-    assert probe.main(["--corpus", str(corpus), "--panel", str(panel), "--out", str(out), "--profile", str(profile),
-                       "--deadline", "60", "--max-tasks", "1", "--json", str(tmp_path / "one.json")]) == 0
+    with pytest.raises(SystemExit) as ended:
+        corpus_main(["probe", "--corpus", str(corpus), "--real", str(panel), "--out", str(out), "--profile",
+                     str(profile), "--deadline", "60", "--max-tasks", "1", "--json", str(tmp_path / "one.json")])
+    assert ended.value.code == 0
     report = json.loads((tmp_path / "one.json").read_text())
     check_against_the_answer_files(report, {"heldout": corpus / "heldout", "real": panel}, tasks=1)
     assert (report["panels"]["heldout"]["score"], report["panels"]["real"]["score"]) == (1.0, 0.0)

@@ -3,7 +3,8 @@
 The model is build.tiny's random Qwen3 cut by build.grid_vocab, its output head scaled up so that it is confident
 enough for several answers to clear the cut-off. The grammar is bounded to 2x2 grids, so brute force can score
 every legal answer (10,210 of them) with plain full forward passes, no cache; the search must return exactly those
-at or above the cut-off, with the same log-probabilities, running the prompt once.
+at or above the cut-off, with the same log-probabilities, running the prompt once, alone and with views in lockstep
+(`search_batch`, `search.dfs_batch`), which must also find on real ARC task views what the search finds view by view.
 """
 
 from __future__ import annotations
@@ -106,30 +107,99 @@ class CountingStepper:
         self.inner.truncate(length)
 
 
-def test_search_finds_exactly_the_answers_brute_force_finds(model):
-    from submission.grid.model import HFStepper
+class CountingBatchStepper:
+    def __init__(self, inner):
+        self.inner, self.prefills, self.pushes = inner, 0, 0
 
-    demos = (Pair(((1, 2), (3, 4)), ((4, 3), (2, 1))), Pair(((5,),), ((5,),)))
-    prompt = encode(demos, ((7, 0), (0, 7))).ids
-    truth = _brute_force(model, prompt)
+    def prefill(self, prompts):
+        self.prefills += 1
+        return self.inner.prefill(prompts)
+
+    def push(self, moves):
+        self.pushes += 1
+        return self.inner.push(moves)
+
+
+DEMOS = (Pair(((1, 2), (3, 4)), ((4, 3), (2, 1))), Pair(((5,),), ((5,),)))
+
+
+@pytest.fixture(scope="module")
+def truth(model):
+    prompt = encode(DEMOS, ((7, 0), (0, 7))).ids
+    return prompt, _brute_force(model, prompt)
+
+
+@pytest.mark.parametrize("dfs_batch", [1, 2])
+def test_search_finds_exactly_the_answers_brute_force_finds(model, truth, dfs_batch):
+    """Alone, and in lockstep beside a second view (a longer prompt: the batch is padded) with the cache compacted
+    every few steps: the same answers, scored as brute force scores them, the prompt run once."""
+    from submission.grid.dfs import search_batch
+    from submission.grid.model import HFBatchStepper, HFStepper
+
+    prompt, truth = truth
     expected = {a: s for a, s in truth.items() if s >= math.log(CUTOFF)}
-    stepper = CountingStepper(HFStepper(model))
-    result = search(stepper, prompt, CUTOFF, MAX_SIDE)
+    if dfs_batch == 1:
+        stepper = CountingStepper(HFStepper(model))
+        result = search(stepper, prompt, CUTOFF, MAX_SIDE)
+        model_calls = result.steps
+    else:
+        other = encode(DEMOS[::-1], ((1, 1, 1), (2, 2, 2))).ids
+        assert len(other) > len(prompt)
+        stepper = CountingBatchStepper(HFBatchStepper(model, slack=2))
+        result, beside = search_batch(stepper, [prompt, other], CUTOFF, MAX_SIDE)
+        assert beside.complete and beside.steps > 0
+        model_calls = max(result.steps, beside.steps)  # one call per step for both views
     found = {f.tokens: f.logp for f in result.found}
     assert result.complete and len(expected) >= 3, sorted(truth.values())[-5:]
     assert set(found) == set(expected)
     for answer, logp in found.items():
         assert logp == pytest.approx(expected[answer], abs=1e-4)
     assert [f.logp for f in result.found] == sorted(found.values(), reverse=True)
-    # the prompt ran once; every other model call was one token on the shared cache
-    assert stepper.prefills == 1 and stepper.pushes == result.steps
+    # the prompt ran once; every other model call was one token per view on the shared cache
+    assert stepper.prefills == 1 and stepper.pushes == model_calls
     # far fewer tokens than brute force scored (and than re-running the prompt per branch would)
     assert result.steps < len(truth) / 10
-    # the greedy fallback: a legal answer, scored as brute force scores it
+
+
+def test_greedy_scores_as_brute_force_does(model, truth):
+    """The greedy fallback: a legal answer; probabilities under the legal-token distribution sum to 1."""
+    from submission.grid.model import HFStepper
+
+    prompt, truth = truth
     best = greedy(HFStepper(model), prompt, MAX_SIDE)
     assert best.tokens in truth and best.logp == pytest.approx(truth[best.tokens], abs=1e-4)
-    # probabilities under the legal-token distribution sum to 1: what the search found is part of it
     assert sum(math.exp(s) for s in truth.values()) == pytest.approx(1.0, abs=1e-3)
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_views_searched_in_lockstep_find_what_each_view_finds_alone(model, arc_data, together):
+    """The 16 views of a real ARC-AGI-2 test input (two prompt lengths: the batch is padded), searched one by one
+    and in groups of 4 and 16: the same answers with the same log-probabilities (float32, up to the rounding of
+    batched matrix products), the same steps; views finish at different steps (their rows leave the batch), and the
+    masked slots of abandoned branches are compacted away, so the cache stays within the longest row + slack."""
+    from submission.grid.dfs import search_batch
+    from submission.grid.model import HFBatchStepper, HFStepper
+    from submission.grid.queue import task_cost
+    from submission.grid.rescore import search_views
+    from submission.tasks import load_tasks
+
+    task = min(load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks, key=task_cost)
+    prompts = [encode(shown.train, shown.test_inputs[0], max_len=4096).ids
+               for shown in (view.apply(task) for view in search_views(task, 8, 2, seed=0))]
+    assert len(prompts) == 16 and len({len(p) for p in prompts}) == 2
+    alone = [search(HFStepper(model), prompt, CUTOFF, MAX_SIDE) for prompt in prompts]
+    assert sum(len(r.found) for r in alone) >= 16 and len({r.steps for r in alone}) > 1
+    for group in (4, 16):
+        together_results = []
+        for at in range(0, 16, group):
+            stepper = HFBatchStepper(model, together, slack=3)
+            together_results += search_batch(stepper, prompts[at:at + group], CUTOFF, MAX_SIDE)
+            deepest = max(len(p) for p in prompts[at:at + group]) + 2 * (MAX_SIDE + 1)
+            assert stepper.cache.get_seq_length() <= deepest + 3
+        for one, many in zip(alone, together_results):
+            assert [f.tokens for f in many.found] == [f.tokens for f in one.found]
+            assert [f.logp for f in many.found] == pytest.approx([f.logp for f in one.found], abs=1e-4)
+            assert (many.steps, many.complete) == (one.steps, True)
 
 
 def test_search_stops_at_its_deadline(model):
@@ -141,9 +211,36 @@ def test_search_stops_at_its_deadline(model):
     assert not result.complete and result.steps <= 6
 
 
+def test_views_in_lockstep_stop_at_their_deadline(model):
+    from submission.grid.dfs import search_batch
+    from submission.grid.model import HFBatchStepper
+
+    prompts = [encode((Pair(((1,),), ((2,),)),), ((3,),)).ids, encode((Pair(((1, 1),), ((2,),)),), ((3,),)).ids]
+    ticks = iter(range(10_000))
+    results = search_batch(HFBatchStepper(model), prompts, 1e-6, MAX_SIDE, deadline=5, clock=lambda: next(ticks))
+    assert [r.complete for r in results] == [False, False] and all(r.steps <= 5 for r in results)
+
+
+def test_lockstep_refuses_sliding_window_layers():
+    """A sliding-window layer drops cache slots by position, which the masked rows of lockstep do not follow."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from submission.grid.model import HFBatchStepper
+
+    config = Qwen3Config(vocab_size=16, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, use_sliding_window=True,
+                         sliding_window=8, max_window_layers=1)
+    with pytest.raises(ValueError, match="dfs_batch > 1 needs full attention in every layer"):
+        HFBatchStepper(Qwen3ForCausalLM(config))
+
+
 def test_cut_off_must_be_a_probability(model):
+    from submission.grid.dfs import search_batch
+
     with pytest.raises(ValueError, match="cut-off"):
         search(None, [0], 0.0)
+    with pytest.raises(ValueError, match="cut-off"):
+        search_batch(None, [[0]], 1.5)
 
 
 def test_newline_and_end_only_where_the_grammar_allows():

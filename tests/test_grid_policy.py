@@ -117,6 +117,20 @@ def test_shipped_grid_profiles_load():
         _build(GridProfile, {"search": {"cut_off": 0.2}}, "x.toml")
 
 
+def test_dfs_batch_is_checked_against_the_batch_it_splits(tmp_path):
+    """search.dfs_batch: views searched in lockstep, so at least 1 and at most the views of a batch; a bad value
+    names the file and the field."""
+    from submission.config import ProfileError
+
+    assert load_grid_profile("grid-tiny").search.dfs_batch >= 1
+    for value in (0, 5):
+        path = tmp_path / "bad.toml"
+        path.write_text(f'line = "grid"\n[search]\nviews_per_batch = 4\ndfs_batch = {value}\n')
+        with pytest.raises(ProfileError, match=rf"bad.toml.search: search.dfs_batch must be between 1 and "
+                                               rf"search.views_per_batch \(4\), got {value}"):
+            load_grid_profile(path)
+
+
 def test_a_scaled_run_fits_a_rehearsal_as_the_full_run_fits_twelve_hours():
     """The commit run's rehearsal (submission.main --scale-schedule): grid-4b-4xL4 unscaled in 1,800 s would stop
     new tasks after 900 s with a 1,200-s minimum per task; scaled, every margin and bound shrinks by 1800 / 43200."""

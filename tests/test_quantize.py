@@ -219,3 +219,35 @@ def test_pack_unpack_round_trips():
     assert torch.equal(dequantize(out, "m.up_proj", "NVFP4A16").float(), w)
     fp8 = quantize_weights({"m.o_proj": w}, "FP8_DYNAMIC")
     assert torch.allclose(dequantize(fp8, "m.o_proj", "FP8_DYNAMIC").float(), w, rtol=0.07, atol=1e-6)
+
+
+def test_auto_device_is_the_cpu_on_a_machine_without_accelerators(tmp_path):
+    """`--device auto` hands compressed-tensors no device (it picks every accelerator, else the CPU); where torch sees
+    none, that is the CPU, and the files equal an explicit `--device cpu` run's byte for byte."""
+    if torch.cuda.is_available():
+        pytest.skip("auto picks the GPU here (test_cuda_quantisation_agrees_with_the_cpus)")
+    source = make_checkpoint(tmp_path / "model", "qwen3_moe", seed=0, max_shard_size="300KB")
+    quantize(source, RECIPE, tmp_path / "auto", report=False)
+    quantize(source, RECIPE, tmp_path / "cpu", report=False, device="cpu")
+    files = sorted(p.name for p in (tmp_path / "cpu").glob("*.safetensors"))
+    assert files and files == sorted(p.name for p in (tmp_path / "auto").glob("*.safetensors"))
+    assert all((tmp_path / "auto" / f).read_bytes() == (tmp_path / "cpu" / f).read_bytes() for f in files)
+
+
+@pytest.mark.requires_gpu
+def test_cuda_quantisation_agrees_with_the_cpus(tmp_path, read_tensors):
+    """On CUDA compressed-tensors casts and packs FP4 with its Triton kernels, not the CPU fallback: the same tensors
+    come out (names, dtypes, shapes, scales), and the packed weights agree but for rare rounding ties."""
+    source = make_checkpoint(tmp_path / "model", "qwen3_moe", seed=0, max_shard_size="300KB")
+    on_gpu = quantize(source, RECIPE, tmp_path / "gpu", device="cuda:0")
+    on_cpu = quantize(source, RECIPE, tmp_path / "cpu", device="cpu")
+    gpu, cpu = read_tensors(tmp_path / "gpu"), read_tensors(tmp_path / "cpu")
+    assert {k: (v.dtype, v.shape) for k, v in gpu.items()} == {k: (v.dtype, v.shape) for k, v in cpu.items()}
+    packed = [k for k in cpu if k.endswith("weight_packed")]
+    assert packed
+    same = sum(int((gpu[k] == cpu[k]).sum()) for k in packed) / sum(cpu[k].numel() for k in packed)
+    assert same > 0.999, same
+    for k in cpu:
+        if k.endswith(("weight_scale", "weight_global_scale")):
+            assert torch.equal(gpu[k].float(), cpu[k].float()), k
+    assert all(abs(on_gpu[m]["relative_error"] - on_cpu[m]["relative_error"]) < 1e-3 for m in on_cpu)

@@ -34,11 +34,15 @@ class SearchConfig:
     views_per_batch: int = 4
     batch_s: float = 540.0  # search time per batch of views, at most
     max_side: int = 30  # the grammar's bound on rows and columns
-    preload: bool = False  # prefill a batch's prompts in one model call (then the search runs view by view)
+    preload: bool = False  # prefill a batch's (or a dfs_batch group's) prompts in one model call
+    dfs_batch: int = 1  # views of a batch searched in lockstep, one model call per step for all; 1 = view by view
 
     def __post_init__(self) -> None:
         if not 0 < self.cutoff <= 1:
             raise ValueError(f"search.cutoff must be in (0, 1], got {self.cutoff}")
+        if not 1 <= self.dfs_batch <= self.views_per_batch:
+            raise ValueError(f"search.dfs_batch must be between 1 and search.views_per_batch "
+                             f"({self.views_per_batch}), got {self.dfs_batch}")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,10 @@ continuation's, pruning a branch below the cut-off is exact: the result is the s
 The model is behind `Stepper`: the prompt is run once, then one token per step, and leaving a branch rolls the KV
 cache back to the branch point (`truncate`), so no prefix is ever run twice. Scores are float32. A deadline stops
 the search cleanly: answers found so far are kept, the rest of the tree is left unexplored (`complete` = False).
+
+`search_batch` walks several views' trees in lockstep behind a `BatchStepper` (one cache row per view): one model
+call per step for all of them, which is what keeps a GPU busy where one token of one view does not (issue 18).
+Each view's walk is the one `search` makes, so both find the same answers (tests/test_grid_dfs.py).
 """
 
 from __future__ import annotations
@@ -41,6 +45,18 @@ class Stepper(Protocol):
     def length(self) -> int: ...
 
 
+class BatchStepper(Protocol):
+    """Several prompts' KV caches in one batch (one row each), every row extended by one token per model call."""
+
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Start over with one row per prompt; each row's next-token log-probabilities."""
+
+    def push(self, moves: Sequence[tuple[int, int, int]]) -> np.ndarray:
+        """Per move (row, length, token): cut the row back to its first `length` tokens and append `token`; one
+        model call for all of them; the log-probabilities, one row per move. Rows are in increasing order, and a row
+        left out is finished: its cache is freed and it never comes back."""
+
+
 @dataclass(frozen=True)
 class Found:
     tokens: tuple[int, ...]  # the answer, <eos> included
@@ -63,35 +79,90 @@ def _legal_logp(logp: np.ndarray, legal: tuple[int, ...]) -> np.ndarray:
 def search(stepper: Stepper, prompt: Sequence[int], cutoff: float, max_side: int = MAX_SIDE,
            deadline: float = math.inf, clock: Callable[[], float] = lambda: 0.0) -> SearchResult:
     """Every legal answer after `prompt` with probability >= cutoff, most probable first."""
-    if not 0 < cutoff <= 1:
-        raise ValueError(f"search cut-off must be in (0, 1], got {cutoff}")
-    floor = np.float32(math.log(cutoff))
-    found: list[Found] = []
-    steps = 0
+    floor = _floor(cutoff)
     if clock() > deadline:
         return SearchResult((), False, 0)
-    # a frame: grammar state, the children still to try (token, cumulative logp), cache length at this node, tokens
-    root_logp = stepper.prefill(prompt)
-    base = stepper.length
-    stack = [(GridState(), _children(GridState(), root_logp, np.float32(0), floor, max_side), base, ())]
-    while stack:
-        state, children, length, tokens = stack[-1]
-        if not children:
-            stack.pop()
-            continue
-        token, score = children.pop()
-        if token == EOS:
-            found.append(Found((*tokens, EOS), float(score)))
-            continue
+    walk = _Walk(stepper.prefill(prompt), stepper.length, floor, max_side)
+    while (move := walk.next()) is not None:
         if clock() > deadline:
-            return SearchResult(tuple(sorted(found, key=lambda f: -f.logp)), False, steps)
+            return walk.result(False)
+        token, length = move
         if stepper.length != length:
             stepper.truncate(length)
-        logp = stepper.push(token)
-        steps += 1
+        walk.take(stepper.push(token))
+    return walk.result(True)
+
+
+def search_batch(stepper: BatchStepper, prompts: Sequence[Sequence[int]], cutoff: float, max_side: int = MAX_SIDE,
+                 deadline: float = math.inf, clock: Callable[[], float] = lambda: 0.0) -> list[SearchResult]:
+    """`search` for several prompts (the views of one test input) in lockstep: each model call advances every view
+    whose walk is not done by one token. Each view walks its tree in the order `search` does, so a search that
+    finishes finds what `search` finds (up to float rounding between batched and single model calls); at the
+    deadline every view stops where it is (a view already done stays complete)."""
+    floor = _floor(cutoff)
+    if clock() > deadline:
+        return [SearchResult((), False, 0) for _ in prompts]
+    walks = [_Walk(logp, len(prompt), floor, max_side) for logp, prompt in zip(stepper.prefill(prompts), prompts)]
+    live = list(range(len(walks)))
+    while True:
+        moves = []
+        for row in live:
+            move = walks[row].next()
+            if move is not None:
+                moves.append((row, move[1], move[0]))
+        live = [row for row, _, _ in moves]
+        if not moves:
+            return [walk.result(True) for walk in walks]
+        if clock() > deadline:
+            return [walk.result(row not in live) for row, walk in enumerate(walks)]
+        for row, logp in zip(live, stepper.push(moves)):
+            walks[row].take(logp)
+
+
+def _floor(cutoff: float) -> np.float32:
+    if not 0 < cutoff <= 1:
+        raise ValueError(f"search cut-off must be in (0, 1], got {cutoff}")
+    return np.float32(math.log(cutoff))
+
+
+class _Walk:
+    """One view's depth-first walk, advanced by its caller one model step at a time, so that one view (`search`)
+    or several in lockstep (`search_batch`) walk the same tree in the same order. A stack frame: grammar state, the
+    children still to try (token, cumulative logp), the cache length at this node, the tokens so far."""
+
+    def __init__(self, root_logp: np.ndarray, base: int, floor: np.float32, max_side: int) -> None:
+        self.floor, self.max_side = floor, max_side
+        self.stack = [(GridState(), _children(GridState(), root_logp, np.float32(0), floor, max_side), base, ())]
+        self.found: list[Found] = []
+        self.steps = 0
+        self.pending: tuple | None = None
+
+    def next(self) -> tuple[int, int] | None:
+        """The next token to run and the cache length it extends (its branch point), answers ending before it
+        recorded; None when the tree is exhausted."""
+        while self.stack:
+            state, children, length, tokens = self.stack[-1]
+            if not children:
+                self.stack.pop()
+                continue
+            token, score = children.pop()
+            if token == EOS:
+                self.found.append(Found((*tokens, EOS), float(score)))
+                continue
+            self.pending = (state, token, score, length, tokens)
+            return token, length
+        return None
+
+    def take(self, logp: np.ndarray) -> None:
+        """The model's next-token log-probabilities after the token `next` gave."""
+        state, token, score, length, tokens = self.pending
+        self.steps += 1
         child = state.advance(token)
-        stack.append((child, _children(child, logp, score, floor, max_side), length + 1, (*tokens, token)))
-    return SearchResult(tuple(sorted(found, key=lambda f: -f.logp)), True, steps)
+        self.stack.append((child, _children(child, logp, score, self.floor, self.max_side), length + 1,
+                           (*tokens, token)))
+
+    def result(self, complete: bool) -> SearchResult:
+        return SearchResult(tuple(sorted(self.found, key=lambda f: -f.logp)), complete, self.steps)
 
 
 def _children(state: GridState, logp: np.ndarray, score: np.float32, floor: np.float32,

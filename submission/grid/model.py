@@ -41,25 +41,14 @@ class HFStepper:
         self._length = 0
         self._preloaded: dict[tuple[int, ...], tuple[list, np.ndarray]] = {}
 
-    @torch.no_grad()
     def preload(self, prompts: Sequence[Sequence[int]]) -> None:
-        from transformers import DynamicCache
-
-        width = max(len(ids) for ids in prompts)
-        x = torch.full((len(prompts), width), PAD, device=self.device)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long, device=self.device)
-        for row, ids in enumerate(prompts):
-            x[row, :len(ids)] = torch.tensor(list(ids), device=self.device)
-            mask[row, :len(ids)] = 1
         self.forget()
-        cache = DynamicCache(config=self.model.config)
-        logits = self.model(input_ids=x, attention_mask=mask, past_key_values=cache, use_cache=True).logits
+        cache, logps = _padded_prefill(self.model, prompts)
         for row, ids in enumerate(prompts):
             n = len(ids)
             layers = [(layer.keys[row:row + 1, :, :n].clone(), layer.values[row:row + 1, :, :n].clone())
                       for layer in cache.layers]
-            logp = torch.log_softmax(logits[row, n - 1].float(), -1).cpu().numpy()
-            self._preloaded[tuple(ids)] = (layers, logp)
+            self._preloaded[tuple(ids)] = (layers, logps[row])
 
     @property
     def length(self) -> int:
@@ -99,6 +88,115 @@ class HFStepper:
         if length < self._length:
             self.cache.crop(length - self._length)
         self._length = length
+
+
+class HFBatchStepper:
+    """`dfs.BatchStepper` over a transformers causal LM: one DynamicCache with a row per view (`search.dfs_batch`).
+
+    The rows' sequences grow and go back by different amounts, while a DynamicCache has one length for all rows: so
+    every step appends one slot to every row, and going back masks a row's slots out instead of cropping them. A
+    row's sequence is its prompt's slots (right-padded at the prefill) then its path, the slots of its tokens after
+    the prompt, in order; the attention mask shows each row only its own sequence, and each token gets its position
+    in that sequence explicitly, so every row computes what a cache of its own would, up to float rounding. Masked
+    slots cost attention and memory only; once `slack` of them lie beyond the longest row the cache is compacted
+    (each row's slots gathered to the front). A finished row is dropped with `batch_select_indices`, as beam search
+    drops beams. With `together` the prompts are prefilled in one model call (`search.preload`), else one at a time
+    (one prompt's activations and cache beside the batch's cache at a time)."""
+
+    def __init__(self, model, together: bool = False, slack: int = 64):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.together, self.slack = together, slack
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        if any(type(layer) is not DynamicLayer for layer in DynamicCache(config=model.config).layers):
+            raise ValueError("search.dfs_batch > 1 needs full attention in every layer (a sliding-window layer "
+                             "drops slots by position, which the masked rows do not follow); set dfs_batch = 1")
+
+    @torch.no_grad()
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        from transformers import DynamicCache
+
+        if self.together:
+            self.cache, logps = _padded_prefill(self.model, prompts)
+        else:
+            width, layers, logps = max(len(ids) for ids in prompts), [], []
+            for row, ids in enumerate(prompts):  # each prompt's cache copied into its row, then freed
+                cache, logp = _padded_prefill(self.model, [ids])
+                logps += logp
+                for i, layer in enumerate(cache.layers):
+                    if row == 0:  # zeros: a padded slot is masked, never read
+                        layers.append(tuple(x.new_zeros((len(prompts), x.shape[1], width, x.shape[3]))
+                                            for x in (layer.keys, layer.values)))
+                    layers[i][0][row, :, :len(ids)] = layer.keys[0]
+                    layers[i][1][row, :, :len(ids)] = layer.values[0]
+            self.cache = DynamicCache(layers, config=self.model.config)
+        self.rows = list(range(len(prompts)))  # the caller's number of each cache row
+        self.prompt_len = [len(ids) for ids in prompts]
+        self.paths: list[list[int]] = [[] for _ in prompts]
+        self.mask = (torch.arange(max(self.prompt_len), device=self.device)
+                     < torch.tensor(self.prompt_len, device=self.device)[:, None]).long()
+        return logps
+
+    @torch.no_grad()
+    def push(self, moves: Sequence[tuple[int, int, int]]) -> np.ndarray:
+        if len(moves) < len(self.rows):  # finished rows leave the batch
+            keep = [self.rows.index(row) for row, _, _ in moves]
+            self.cache.batch_select_indices(torch.tensor(keep, device=self.device))
+            self.mask = self.mask[keep]
+            self.rows, self.prompt_len, self.paths = ([items[i] for i in keep]
+                                                      for items in (self.rows, self.prompt_len, self.paths))
+        for row, (path, prompt_len, (_, length, _)) in enumerate(zip(self.paths, self.prompt_len, moves)):
+            if length - prompt_len < len(path):  # back to the branch point: its later slots are masked out
+                self.mask[row, path[length - prompt_len:]] = 0
+                del path[length - prompt_len:]
+        slot = self.mask.shape[1]
+        self.mask = torch.cat([self.mask, self.mask.new_ones((len(moves), 1))], 1)
+        ids = torch.tensor([[token] for _, _, token in moves], device=self.device)
+        positions = torch.tensor([[length] for _, length, _ in moves], device=self.device)
+        logits = self.model(input_ids=ids, attention_mask=self.mask, position_ids=positions,
+                            past_key_values=self.cache, use_cache=True).logits[:, -1]
+        for path in self.paths:
+            path.append(slot)
+        if slot + 1 - max(n + len(path) for n, path in zip(self.prompt_len, self.paths)) >= self.slack:
+            self._compact()
+        return torch.log_softmax(logits.float(), -1).cpu().numpy()
+
+    def _compact(self) -> None:
+        """Each row's slots gathered to the front: the masked slots' memory and attention are given back."""
+        lengths = [n + len(path) for n, path in zip(self.prompt_len, self.paths)]
+        width = max(lengths)
+        index = torch.zeros((len(lengths), width), dtype=torch.long, device=self.device)
+        for row, (n, path) in enumerate(zip(self.prompt_len, self.paths)):
+            index[row, :n] = torch.arange(n, device=self.device)
+            index[row, n:n + len(path)] = torch.tensor(path, dtype=torch.long, device=self.device)
+        for layer in self.cache.layers:
+            gather = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            layer.keys, layer.values = layer.keys.gather(2, gather), layer.values.gather(2, gather)
+        self.mask = (torch.arange(width, device=self.device)
+                     < torch.tensor(lengths, device=self.device)[:, None]).long()
+        self.paths = [list(range(n, m)) for n, m in zip(self.prompt_len, lengths)]
+
+
+@torch.no_grad()
+def _padded_prefill(model, prompts: Sequence[Sequence[int]]):
+    """The prompts in one model call, right-padded with <pad> and masked: the cache (one row per prompt, real
+    positions seeing only their own prompt) and each prompt's next-token log-probabilities."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    width = max(len(ids) for ids in prompts)
+    x = torch.full((len(prompts), width), PAD, device=device)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+    for row, ids in enumerate(prompts):
+        x[row, :len(ids)] = torch.tensor(list(ids), device=device)
+        mask[row, :len(ids)] = 1
+    cache = DynamicCache(config=model.config)
+    logits = model(input_ids=x, attention_mask=mask, past_key_values=cache, use_cache=True).logits
+    rows = torch.arange(len(prompts), device=device)
+    last = torch.tensor([len(ids) - 1 for ids in prompts], device=device)
+    return cache, list(torch.log_softmax(logits[rows, last].float(), -1).cpu().numpy())
 
 
 @torch.no_grad()

@@ -2,10 +2,12 @@
 
 The task's time limit is split as the study did: training takes at most `ttt.share` of it; the rest goes to the
 test inputs in equal parts. Each part is searched (all but its `rescore.share`) in batches of views
-(`search.views_per_batch`, at most `search.batch_s` each; with `search.preload` a batch's prompts are prefilled in
-one model call, then searched one view after the other) and then rescored. At a deadline the search stops where it
-is and the rescoring keeps the views it finished (none: nll 0, ranked by hits); every loop checks its deadline
-before each model call, so a task overruns its limit by at most one forward pass.
+(`search.views_per_batch`, at most `search.batch_s` each) and then rescored. Within a batch, `search.dfs_batch` views
+at a time walk their trees in lockstep, one model call per step for all of them (1: one view after the other);
+`search.preload` prefills the prompts searched together (the whole batch when dfs_batch is 1) in one model call.
+At a deadline the search stops where it is and the rescoring keeps the views it finished (none: nll 0, ranked by
+hits); every loop checks its deadline before each model call, so a task overruns its limit by at most one forward
+pass (with dfs_batch > 1, one pass of the group).
 
 If no view finds an answer above the cut-off (a model not yet adapted to the task), the greedy answer under the
 plain view is the input's only candidate, with 0 hits: an answer beats an empty slot. This fallback is the kit's,
@@ -20,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from submission.grid.config import GridProfile
-from submission.grid.dfs import greedy, search
+from submission.grid.dfs import greedy, search, search_batch
 from submission.grid.format import decode_grid, encode
 from submission.grid.rescore import Candidate, rank, rescore, rescoring_views, search_views
 from submission.grid.ttt import Adapter, training_sequences
@@ -41,7 +43,7 @@ class TaskOutcome:
 
 def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int, time_limit: float,
                clock: Callable[[], float] = time.monotonic) -> TaskOutcome:
-    from submission.grid.model import HFStepper, answer_nlls  # torch: only in the worker processes
+    from submission.grid.model import HFBatchStepper, HFStepper, answer_nlls  # torch: only in the worker processes
 
     start = clock()
     deadline = start + time_limit
@@ -66,18 +68,24 @@ def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int,
             batch = views[first:first + size]
             prompts = [encode(shown.train, shown.test_inputs[index], max_len=prompt_len).ids
                        for shown in (view.apply(task) for view in batch)]
-            if profile.search.preload and clock() < search_deadline:
+            if profile.search.dfs_batch == 1 and profile.search.preload and clock() < search_deadline:
                 stepper.preload(prompts)  # the batch's prompts in one model call
-            for view, prompt in zip(batch, prompts):
+            group = profile.search.dfs_batch
+            for at in range(0, len(batch), group):
                 if clock() >= search_deadline:
                     complete = False
                     break
-                result = search(stepper, prompt, profile.search.cutoff, profile.search.max_side, batch_deadline,
-                                clock)
-                steps += result.steps
-                complete &= result.complete
-                for found in result.found:  # the grammar admits only grids: decoding cannot fail
-                    hits[view.invert_grid(decode_grid(found.tokens))] += 1
+                if group == 1:
+                    results = [search(stepper, prompts[at], profile.search.cutoff, profile.search.max_side,
+                                      batch_deadline, clock)]
+                else:  # a fresh stepper per group: the last group's cache is freed before this one's prefill
+                    results = search_batch(HFBatchStepper(model, profile.search.preload), prompts[at:at + group],
+                                           profile.search.cutoff, profile.search.max_side, batch_deadline, clock)
+                for view, result in zip(batch[at:at + group], results):
+                    steps += result.steps
+                    complete &= result.complete
+                    for found in result.found:  # the grammar admits only grids: decoding cannot fail
+                        hits[view.invert_grid(decode_grid(found.tokens))] += 1
         stepper.forget()
         if not hits and clock() < input_deadline:  # nothing cleared the cut-off anywhere: the greedy answer
             prompt = encode(task.train, task.test_inputs[index], max_len=prompt_len).ids

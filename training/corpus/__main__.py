@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -128,8 +129,15 @@ def parse_families(text: str, parser: argparse.ArgumentParser) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["probe"]:  # the transfer probe has its own options (training/corpus/probe.py)
+        from training.corpus import probe
+
+        raise SystemExit(probe.main(argv[1:], prog="python -m training.corpus probe"))
     parser = argparse.ArgumentParser(prog="python -m training.corpus", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("probe", help="held-out corpus tasks and a real panel through the solver, side by side "
+                                 "(options: python -m training.corpus probe --help)")
     p_admit = sub.add_parser("admit", help="run admission over sampled single rules of each family")
     p_admit.add_argument("--families", default=",".join(rules.FAMILIES),
                          help=f"comma-separated; available: {', '.join(rules.FAMILIES)}")

@@ -143,10 +143,10 @@ def run(args: argparse.Namespace) -> list[PanelResult]:
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.corpus.probe", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "python -m training.corpus.probe") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=Path, required=True, help="a corpus folder (generate's --out)")
-    parser.add_argument("--panel", type=Path, default=DEFAULT_PANEL,
+    parser.add_argument("--panel", "--real", type=Path, default=DEFAULT_PANEL,
                         help="real ARC task files with test outputs (default: $ARC_DATA/arc-agi-2/evaluation)")
     parser.add_argument("--out", type=Path, required=True, help="answer files and logs, one folder per panel")
     parser.add_argument("--json", type=Path, help="the results (default: OUT/probe.json)")
