@@ -291,7 +291,7 @@ def run_rehearsal(command: list[str], cwd: Path, env: dict, timeout: float,
     """The rehearsal's solver. With `until` = (task ids, logs) it is ended by SIGTERM (it aborts what runs, logs it
     and prints its summary) as soon as every task has a finished attempt in every log (a combined run: each line's):
     that is what a rehearsal must show, and the rest of its deadline would be commit-run time spent for nothing. Its
-    exit status is then 0."""
+    exit status is then 0, whether its handler caught the SIGTERM (143) or it died of it."""
     proc = subprocess.Popen(command, cwd=cwd, env=env)
     end, ended = time.monotonic() + timeout, False
     while proc.poll() is None:
@@ -306,7 +306,8 @@ def run_rehearsal(command: list[str], cwd: Path, env: dict, timeout: float,
                 proc.send_signal(signal.SIGTERM)
                 ended = True
         time.sleep(0.5)
-    return 0 if ended and proc.returncode == 128 + signal.SIGTERM else proc.returncode
+    # a solver already past its own handler (shutting down after its last task) dies of the signal instead of 143
+    return 0 if ended and proc.returncode in (128 + signal.SIGTERM, -signal.SIGTERM) else proc.returncode
 
 
 def rehearse(args: argparse.Namespace, profile: str, model: Path, env: dict, grid_model: Path | None = None) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -66,6 +67,23 @@ def test_a_combined_bundle_runs_both_lines_and_its_rehearsal_waits_for_each_log(
     assert not boot.finished_everywhere(["a", "b"], [reasoning, grid])
     grid.write_text(line("a") + line("b"))
     assert boot.finished_everywhere(["a", "b"], [reasoning, grid])
+
+
+FINISHED = "open(sys.argv[1], 'w').write('{\"task_id\": \"a\", \"aborted\": false}\\n')\n"
+
+
+@pytest.mark.parametrize("solver, expected", [
+    ("import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\n" + FINISHED +
+     "time.sleep(60)", 0),
+    ("import sys, time\n" + FINISHED + "time.sleep(60)", 0),  # past its handler, shutting down: killed by the signal
+    ("import sys\nsys.exit(3)", 3),  # a failure before every task had an attempt stays a failure
+])
+def test_a_rehearsal_ended_by_its_sigterm_counts_as_ended(tmp_path, solver, expected):
+    """The rehearsal's SIGTERM can reach a solver that has finished and is shutting down, past its own handler: it
+    then dies of the signal (-15) instead of exiting 143, and that is the same ending, not a failure."""
+    log = tmp_path / "attempts.jsonl"
+    command = [sys.executable, "-c", solver, str(log)]
+    assert boot.run_rehearsal(command, tmp_path, dict(os.environ), 30.0, (["a"], [log])) == expected
 
 
 def test_an_answer_file_is_complete_only_with_every_task_and_input(tmp_path):
