@@ -122,7 +122,8 @@ def test_scenes_carry_a_palette_key_a_fresh_palette_and_stay_in_bounds(program):
 
 
 def test_every_family_has_typed_inputs_in_the_probe_bank(probes):
-    assert len(probes) == len(scenes.probe_bank()) + sum(rules.TYPED_PROBES.values())
+    assert len(probes) == (len(scenes.probe_bank()) + sum(rules.TYPED_PROBES.values())
+                           + len(rules.FAMILIES) ** 2 * rules.PANEL_PROBES)
     assert all(np.array_equal(a, b) for a, b in zip(probes, rules.probe_bank()))
     for program in SAMPLES:  # a rule is valid on enough probes to be admitted
         assert int((admission.raw_behaviour(program, probes) >= 0).sum()) >= admission.MIN_VALID, program.family
