@@ -12,7 +12,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from training.corpus import admission, audit, dsl, generate, oracle, rules, scenes
+from training.corpus import admission, audit, dsl, generate, oracle, panels, rules, scenes
 from training.corpus.dsl import MaskOp, ProgramError, SelectMaskRender, Selector
 
 BASE = SelectMaskRender(Selector("size", "max"), MaskOp("keep", 0), (), "crop_mask", 8)
@@ -67,7 +67,7 @@ def test_one_node_variants_are_valid_distinct_and_differ_in_one_node():
 
 # --- oracle -----------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("module", [dsl, oracle, admission, scenes, generate, audit])
+@pytest.mark.parametrize("module", [dsl, oracle, admission, scenes, generate, audit, panels])
 def test_every_operator_docstring_example_holds(module):
     result = doctest.testmod(module, optionflags=doctest.IGNORE_EXCEPTION_DETAIL)
     assert result.failed == 0 and result.attempted >= 1

@@ -1,5 +1,5 @@
-"""training/corpus: SEQUENTIAL and SELECT composites (typing, oracle, materiality of every component) and
-generate's depths, workers and resume after a kill."""
+"""training/corpus: SEQUENTIAL, SELECT and PARALLEL composites (typing, oracle, panel inputs, materiality of every
+component, admission) and generate's depths, workers and resume after a kill."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from submission.tasks import load_tasks
-from training.corpus import compose, dsl, gate, generate, oracle, rules, scenes
-from training.corpus.compose import Select, Sequential
+from training.corpus import admission, compose, dsl, gate, generate, oracle, panels, rules, scenes
+from training.corpus.compose import Parallel, Select, Sequential
 from training.corpus.family_count import CountPack
 from training.corpus.family_rays import Rays
 from training.corpus.family_symmetry import SymmetryRepair
@@ -18,6 +18,7 @@ from training.corpus.family_symmetry import SymmetryRepair
 RIGHT, DOWN = Rays("right", "wall", "mark"), Rays("down", "wall", "mark")
 CHAIN = Sequential(RIGHT, CountPack("any", "row", "mark", 8))
 CHOICE = Select("wider_than_tall", RIGHT, DOWN)
+PAIRED = Parallel(RIGHT, DOWN, "side")
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +69,86 @@ def test_a_composite_with_an_immaterial_component_is_rejected(probes):
     assert (report.reason, report.detail) == ("immaterial", "dropping if_false changes fewer than 2 outputs")
 
 
+def test_a_parallel_runs_each_component_on_its_panel_and_joins_the_outputs():
+    # key [bg 0, mark 3, divider 7]; left panel: a source before a wall; right panel: a source above a wall
+    grid = np.array([[0, 3, 7, 0, 0, 0, 0],
+                     [3, 0, 5, 7, 3, 0, 0],
+                     [0, 0, 0, 7, 0, 0, 0],
+                     [0, 0, 0, 7, 5, 0, 0]])
+    assert rules.run(PAIRED, grid).tolist() == [[3, 3, 5, 7, 3, 0, 0],
+                                                [0, 0, 0, 7, 3, 0, 0],
+                                                [0, 0, 0, 7, 5, 0, 0]]
+    with pytest.raises(oracle.BadKey):  # a single rule reads [bg, mark, bg...]: panel inputs are not its kind
+        rules.run(RIGHT, grid)
+    with pytest.raises(oracle.Unjoinable):  # outputs of 2 x 2 and 2 x 3 cells cannot be stacked
+        rules.run(Parallel(RIGHT, DOWN, "stack"),
+                  np.array([[0, 3, 7, 0, 0, 0], [3, 0, 7, 3, 0, 0], [0, 0, 7, 0, 0, 0]]))
+    # on generated panels: the joined output is each component's output on its own panel, a divider between them
+    rng = np.random.default_rng(3)
+    for axis in panels.AXES:
+        program = Parallel(Rays("cross", "border", "hit"), Rays("diagonal", "wall", "mark"), axis)
+        x, y = rules.propose(program, rng)
+        bg, mark, div = (int(v) for v in x[0, :3])
+        body = x[1:] if axis == "side" else x[1:].T
+        at = int(np.flatnonzero((body == div).all(axis=0))[0])
+        parts = [body[:, :at], body[:, at + 1:]]
+        if axis == "stack":
+            parts = [p.T for p in parts]
+        outs = [rules.run(c, scenes.with_key(p, bg, mark)) for c, p in zip((program.first, program.second), parts)]
+        line = np.full((outs[0].shape[0], 1) if axis == "side" else (1, outs[0].shape[1]), div)
+        assert np.array_equal(y, np.concatenate([outs[0], line, outs[1]], axis=1 if axis == "side" else 0))
+
+
+def test_parallel_composites_are_typed_and_round_trip():
+    for program in (PAIRED, Parallel(CHAIN, CountPack("any", "row", "mark", 4), "stack"),
+                    Parallel(CHOICE, RIGHT, "side")):
+        assert rules.from_dict(json.loads(dsl.canonical_json(program))) == program
+    assert compose.depth(Parallel(CHAIN, RIGHT, "side")) == 3 and PAIRED.produces == "crop"
+    for make in (lambda: Select("mark_in_body", PAIRED, RIGHT), lambda: Sequential(RIGHT, PAIRED),
+                 lambda: Parallel(PAIRED, RIGHT, "side")):
+        with pytest.raises(dsl.ProgramError, match="reads panels"):
+            make()
+    with pytest.raises(dsl.ProgramError, match=r"^m: join"):
+        rules.from_dict(dict(PAIRED.to_dict(), join="diagonal"), "m")
+    # the other join, then each component's variants
+    assert len(PAIRED.variants()) == 1 + len(RIGHT.variants()) + len(DOWN.variants())
+    assert [name for name, _ in PAIRED.dropped()] == ["first", "second"]
+
+
+def test_a_parallel_whose_component_does_nothing_on_the_task_is_rejected(probes):
+    # every first panel's source sits on its right edge: RIGHT draws nothing there, so dropping it changes nothing
+    rng, pairs = np.random.default_rng(0), []
+    while len(pairs) < 6:
+        bg, mark, _, axis, first, second = panels.split(rules.propose(PAIRED, rng)[0])
+        if axis != "side":
+            continue
+        first = np.where(first == mark, bg, first)
+        first[int(rng.integers(first.shape[0])), -1] = mark
+        x = panels.panel_scene(scenes.with_key(first, bg, mark), scenes.with_key(second, bg, mark), "side", rng)
+        pairs.append((x, rules.run(PAIRED, x)))
+        assert np.array_equal(rules.run(Parallel(compose.IDENTITY, DOWN, "side"), x), pairs[-1][1])
+    assert len({y.shape for _, y in pairs}) >= 2
+    report = gate.judge_task(PAIRED, pairs, probes)
+    assert (report.reason, report.detail) == ("immaterial", "dropping first changes fewer than 2 outputs")
+    pairs = gate.make_task(PAIRED, np.random.default_rng(0), probes)
+    assert gate.judge_task(PAIRED, pairs, probes).accepted  # the same rule on proposed scenes is material
+
+
+def test_the_probe_bank_has_panels_on_which_parallels_are_admitted(probes):
+    n_panels = len(rules.FAMILIES) ** 2 * rules.PANEL_PROBES
+    panel_slots = [i for i, p in enumerate(probes) if p.shape[1] > 2 and p[0, 2] != p[0, 0]]
+    assert panel_slots == list(range(len(probes) - n_panels, len(probes)))
+    # single rules refuse every panel (BadKey): the panels change nothing in their behaviours
+    assert set(admission.raw_behaviour(RIGHT, probes)[panel_slots]) == {admission.error_code(oracle.BadKey())}
+    adm = admission.Admitter(len(probes))
+    candidates = [Parallel(RIGHT, DOWN, "side"), Parallel(RIGHT, DOWN, "stack"),
+                  Parallel(CountPack("any", "row", "mark", 8), CountPack("holed", "row", "mark", 4), "side")]
+    assert [admission.admit_program(adm, p, probes).reason for p in candidates] == ["admitted"] * 3
+    # a repaired template (a scene) beside a row of tiles (a crop) never fits side by side: no valid slot
+    mixed = Parallel(SymmetryRepair("lr", "mark", "repaired"), CountPack("any", "row", "mark", 8), "side")
+    assert (admission.raw_behaviour(mixed, probes) >= 0).sum() < admission.MIN_VALID
+
+
 PROGRAMS = [Rays("right", "wall", "mark"), Rays("cross", "wall", "mark"), SymmetryRepair("lr", "mark", "repaired")]
 
 
@@ -83,6 +164,11 @@ def test_generate_reports_depths_and_a_killed_run_resumes_to_the_same_bytes(tmp_
     assert sum(report["by_depth"]["1"]["admission"].values()) >= 2
     rows = [json.loads(line) for line in (whole / "manifest.jsonl").read_text().splitlines()]
     assert len(rows) == counts["accepted"] and {r["depth"] for r in rows} <= {1, 2}
+    paired = [r for r in rows if r["family"] == "parallel"]
+    assert paired  # a PARALLEL composite's task, which replays through the oracle and passes the gate again
+    task = json.loads((whole / "tasks" / f"{paired[0]['task']}.json").read_text())
+    pairs = [(np.array(p["input"]), np.array(p["output"])) for p in task["train"] + task["test"]]
+    assert gate.judge_task(rules.from_dict(paired[0]["rule"]), pairs, rules.probe_bank()).accepted
     assert (whole / "corpus.png").read_bytes()[:4] == b"\x89PNG"
     # the task folder is a task source where the kit consumes tasks (training.traces, build.traces, grid_tune)
     loaded = load_tasks(whole / "tasks")

@@ -70,7 +70,7 @@ def code(output: np.ndarray) -> int:
 
 
 def error_code(err: oracle.OracleError) -> int:
-    """-1 .. -4, one per oracle error type."""
+    """-1, -2, ...: one per oracle error type (oracle.ERRORS)."""
     return -1 - oracle.ERRORS.index(type(err))
 
 

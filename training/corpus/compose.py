@@ -3,11 +3,15 @@
 SEQUENTIAL runs `then` on the output of `first`, keyed again with the input's palette key; it is well typed only
 when `first` produces a scene (a picture of the body's size, which `then`'s scene-reading families accept).
 SELECT runs `if_true` or `if_false`, chosen per input by a typed predicate of the keyed input (PREDICATES).
-PARALLEL (two rules on two panels of one input) is not built yet: its inputs are absent from the probe bank, so no
-parallel rule could show 16 valid probes (training/corpus/README.md).
+PARALLEL runs `first` on the first panel of a panel input (panels.py: two panels behind a divider line whose colour
+the key names) and `second` on the second, and joins their outputs side by side or stacked (`join`), a divider line
+between them. What a rule reads is typed too: a PARALLEL reads panels, every other rule reads one keyed scene, so a
+PARALLEL cannot be a component of any composite (its components, SELECT's branches and SEQUENTIAL's `then` are each
+given one keyed scene).
 A composite is a rule like any other: it has an id, a canonical JSON, one-node variants (one node changed inside one
 component, or the predicate), neutralised stages (its components', lifted) and, unlike a single rule, `dropped()`:
-the composite without one component, which the gate's materiality check compares against.
+the composite without one component, which the gate's materiality check compares against (a PARALLEL's component is
+replaced by IDENTITY, which leaves its panel as it is).
 """
 
 from __future__ import annotations
@@ -17,12 +21,23 @@ from dataclasses import dataclass
 from training.corpus.dsl import ProgramError, check
 
 PREDICATES = ("wider_than_tall", "mark_in_body", "many_objects")
-COMPOSITIONS = ("sequential", "select")
+JOINS = ("side", "stack")
+COMPOSITIONS = ("sequential", "select", "parallel")
 
 
 def depth(program) -> int:
     """How many single rules a program is made of (1 for a single rule)."""
     return getattr(program, "depth", 1)
+
+
+def reads(program) -> str:
+    """"panels" for a PARALLEL, "scene" (one keyed scene) for every other rule."""
+    return getattr(program, "reads", "scene")
+
+
+def _reads_scene(field: str, program) -> None:
+    if reads(program) != "scene":
+        raise ProgramError(f"{field}: a {program.family} rule reads panels, but is given one keyed scene here")
 
 
 def _valid(make, *args) -> list:
@@ -43,6 +58,7 @@ class Sequential:
         if self.first.produces != "scene":
             raise ProgramError(f"first: a {self.first.family} rule that produces a {self.first.produces} cannot "
                                f"feed another rule")
+        _reads_scene("then", self.then)
 
     @property
     def produces(self) -> str:
@@ -79,6 +95,8 @@ class Select:
 
     def __post_init__(self) -> None:
         check("predicate", self.predicate, PREDICATES)
+        _reads_scene("if_true", self.if_true)
+        _reads_scene("if_false", self.if_false)
         if self.if_true == self.if_false:
             raise ProgramError("if_true and if_false: the same rule on both branches selects nothing")
 
@@ -112,3 +130,64 @@ class Select:
                    for v in _valid(Select, self.predicate, p, self.if_false)]
                 + [(f"if_false.{s}", v) for s, p in self.if_false.dropped()
                    for v in _valid(Select, self.predicate, self.if_true, p)])
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The body as it is: what replaces a PARALLEL's component in `dropped()` (never read from JSON, never admitted)."""
+    family: str = "identity"
+    produces = "scene"
+
+    def to_dict(self) -> dict:
+        return {"family": self.family}
+
+    def variants(self) -> list:
+        return []
+
+    def neutralised(self) -> list:
+        return []
+
+    def dropped(self) -> list:
+        return []
+
+
+IDENTITY = Identity()
+
+
+@dataclass(frozen=True)
+class Parallel:
+    first: object
+    second: object
+    join: str
+    family: str = "parallel"
+    produces = "crop"  # a divider line runs through it: not a keyed scene another rule could read
+    reads = "panels"
+
+    def __post_init__(self) -> None:
+        check("join", self.join, JOINS)
+        _reads_scene("first", self.first)
+        _reads_scene("second", self.second)
+
+    @property
+    def depth(self) -> int:
+        return depth(self.first) + depth(self.second)
+
+    def to_dict(self) -> dict:
+        return {"family": self.family, "join": self.join, "first": self.first.to_dict(),
+                "second": self.second.to_dict()}
+
+    def variants(self) -> list:
+        return ([Parallel(self.first, self.second, j) for j in JOINS if j != self.join]
+                + [Parallel(f, self.second, self.join) for f in self.first.variants()]
+                + [Parallel(self.first, s, self.join) for s in self.second.variants()])
+
+    def neutralised(self) -> list:
+        return ([(f"first.{s}", Parallel(p, self.second, self.join)) for s, p in self.first.neutralised()]
+                + [(f"second.{s}", Parallel(self.first, p, self.join)) for s, p in self.second.neutralised()])
+
+    def dropped(self) -> list:
+        """Each component replaced by IDENTITY (its panel passes through as it is), and the components' own."""
+        return ([("first", Parallel(IDENTITY, self.second, self.join)),
+                 ("second", Parallel(self.first, IDENTITY, self.join))]
+                + [(f"first.{s}", Parallel(p, self.second, self.join)) for s, p in self.first.dropped()]
+                + [(f"second.{s}", Parallel(self.first, p, self.join)) for s, p in self.second.dropped()])

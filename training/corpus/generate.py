@@ -2,8 +2,8 @@
 
 `python -m training.corpus generate --families F1,F2 --rules N --depth D --tasks-per-rule K --seed S --out DIR
 [--workers 2]` admits up to N rules at each depth 1..D (depth 1: single rules of the families, taken in turn from a
-seeded order of each; depth d > 1: SEQUENTIAL and SELECT composites of an admitted depth d-1 rule and an admitted
-single rule, in a seeded order), then gates K tasks per rule. It writes
+seeded order of each; depth d > 1: SEQUENTIAL, SELECT and PARALLEL composites of an admitted depth d-1 rule and an
+admitted single rule, in a seeded order), then gates K tasks per rule. It writes
   DIR/tasks/<rule id>-<k>.json   ARC format: five "train" pairs and one "test" pair;
   DIR/heldout/<rule id>-<k>.json the same for held-out rules (5% of each family's admitted rules), kept apart;
   DIR/manifest.jsonl             one row per task: task, split, rule id, family, depth, rule JSON, gate report, seed;
@@ -76,12 +76,13 @@ def leaf_candidates(families: list[str], seed: int) -> list:
 
 
 def composite_candidates(lower: list, leaves: list, count: int, seed: int, depth: int) -> list:
-    """Up to `count` well-typed composites of a depth-1 lower rule and a single rule, in a seeded order.
+    """Up to `count` well-typed composites (SEQUENTIAL, SELECT, PARALLEL) of a lower rule and a single rule, in a
+    seeded order.
 
     >>> from training.corpus.family_rays import Rays
     >>> a, b = Rays("right", "wall", "mark"), Rays("up", "wall", "mark")
-    >>> sorted({c.family for c in composite_candidates([a, b], [a, b], 8, 0, 2)})
-    ['select', 'sequential']
+    >>> sorted({c.family for c in composite_candidates([a, b], [a, b], 12, 0, 2)})
+    ['parallel', 'select', 'sequential']
     """
     rng, out, seen = np.random.default_rng([seed, depth, 7]), [], set()
     for _ in range(count * 4):
@@ -90,9 +91,14 @@ def composite_candidates(lower: list, leaves: list, count: int, seed: int, depth
         x, y = lower[int(rng.integers(len(lower)))], leaves[int(rng.integers(len(leaves)))]
         if rng.random() < 0.5:
             x, y = y, x
+        kind = int(rng.integers(3))
         try:
-            made = (compose.Sequential(x, y) if rng.random() < 0.5 else
-                    compose.Select(compose.PREDICATES[int(rng.integers(len(compose.PREDICATES)))], x, y))
+            if kind == 0:
+                made = compose.Sequential(x, y)
+            elif kind == 1:
+                made = compose.Select(compose.PREDICATES[int(rng.integers(len(compose.PREDICATES)))], x, y)
+            else:
+                made = compose.Parallel(x, y, compose.JOINS[int(rng.integers(len(compose.JOINS)))])
         except dsl.ProgramError:
             continue
         if made not in seen:

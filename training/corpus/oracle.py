@@ -43,7 +43,12 @@ class Asymmetric(OracleError):
     """A repaired template is not symmetric under the program's symmetry (the input is not of that template)."""
 
 
-ERRORS = (BadKey, NoObjects, Ambiguous, EmptyMask, TooLarge, Asymmetric)  # append only: the index is the error code
+class Unjoinable(OracleError):
+    """A PARALLEL composite's two outputs do not fit side by side (unequal heights) or stacked (unequal widths)."""
+
+
+# append only: the index is the error code
+ERRORS = (BadKey, NoObjects, Ambiguous, EmptyMask, TooLarge, Asymmetric, Unjoinable)
 
 
 def parse_key(grid: np.ndarray) -> tuple[int, int, np.ndarray]:

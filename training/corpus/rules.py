@@ -1,16 +1,17 @@
 """Any rule, of any family or composite: read it from JSON, run it, propose inputs for it, list a family's rules.
 
 The families (single rules) are select_mask_render (dsl.py, oracle.py, scenes.py), count_pack, symmetry_repair and
-rays (family_*.py); compositions are sequential and select (compose.py). `probe_bank()` is admission's fixed bank:
-the shared bank of scenes.py (select-mask-render scenes and keyed noise) plus TYPED_PROBES[family] inputs of each other
-family's scene generator, so every rule is measured on the same slots and on inputs of its own kind.
+rays (family_*.py); compositions are sequential, select and parallel (compose.py). `probe_bank()` is admission's fixed
+bank: the shared bank of scenes.py (select-mask-render scenes and keyed noise), TYPED_PROBES[family] inputs of each
+other family's scene generator, then PANEL_PROBES panel inputs (panels.py) for each ordered pair of families, so every
+rule is measured on the same slots and on inputs of its own kind.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from training.corpus import compose, dsl, family_count, family_rays, family_symmetry, oracle, scenes
+from training.corpus import compose, dsl, family_count, family_rays, family_symmetry, oracle, panels, scenes
 from training.corpus.dsl import ProgramError
 
 LEAVES = {"select_mask_render": (dsl.SelectMaskRender, dsl.from_dict, oracle.run, scenes.random_scene,
@@ -25,6 +26,9 @@ FAMILIES = tuple(LEAVES)
 # inputs per family in the bank: a symmetry-repair rule runs on about a quarter of its family's scenes (the template
 # must have its axis and the damage its role), so that family needs 64 to reach admission's 16 valid probes
 TYPED_PROBES = {family_count.FAMILY: 16, family_symmetry.FAMILY: 64, family_rays.FAMILY: 16}
+# panel inputs per ordered pair of families (half side by side, half stacked): a PARALLEL of two rays rules is
+# valid on about 40 of them (measured at 48 per pair: 55-59), above admission's 16; 16 x 32 = 512 slots
+PANEL_PROBES = 32
 
 
 def from_dict(data, source: str = "rule"):
@@ -47,6 +51,9 @@ def _read(data):
     if family == "select":
         dsl.check_fields(data, {"family", "predicate", "if_true", "if_false"})
         return compose.Select(data["predicate"], _nested(data, "if_true"), _nested(data, "if_false"))
+    if family == "parallel":
+        dsl.check_fields(data, {"family", "join", "first", "second"})
+        return compose.Parallel(_nested(data, "first"), _nested(data, "second"), data["join"])
     raise ProgramError(f"family: {family!r} is not one of {list(FAMILIES) + list(compose.COMPOSITIONS)}")
 
 
@@ -85,11 +92,25 @@ def run(program, grid: np.ndarray) -> np.ndarray:
         return run(program.then, scenes.with_key(middle, bg, mark))
     if isinstance(program, compose.Select):
         return run(program.if_true if predicate(program.predicate, grid) else program.if_false, grid)
+    if isinstance(program, compose.Parallel):
+        bg, mark, div, _, first, second = panels.split(grid)
+        return panels.join(run(program.first, scenes.with_key(first, bg, mark)),
+                           run(program.second, scenes.with_key(second, bg, mark)), div, program.join)
+    if program == compose.IDENTITY:
+        return oracle.parse_key(np.asarray(grid, dtype=np.int8))[2]
     return LEAVES[program.family][2](program, grid)
 
 
 def random_scene(program, rng: np.random.Generator) -> np.ndarray:
-    """An input of the program's kind: its family's scene; a SEQUENTIAL's first rule's; a SELECT's either branch's."""
+    """An input of the program's kind: its family's scene; a SEQUENTIAL's first rule's; a SELECT's either branch's;
+    a PARALLEL's, two panels of its components' kinds, split along its join 4 times in 5 (the outputs of two scene
+    rules fit together only that way, unless the panels have one shape)."""
+    if isinstance(program, compose.Parallel):
+        axis = program.join if rng.random() < 0.8 else panels.AXES[1 - panels.AXES.index(program.join)]
+        while True:
+            made = panels.panel_scene(random_scene(program.first, rng), random_scene(program.second, rng), axis, rng)
+            if made is not None:
+                return made
     if isinstance(program, compose.Sequential):
         return random_scene(program.first, rng)
     if isinstance(program, compose.Select):
@@ -109,11 +130,20 @@ def propose(program, rng: np.random.Generator, tries: int = 200) -> tuple[np.nda
 
 
 def probe_bank() -> tuple[np.ndarray, ...]:
-    """The fixed bank: the shared bank, then TYPED_PROBES[family] scenes of each other family (constant seeds)."""
+    """The fixed bank: the shared bank, TYPED_PROBES[family] scenes of each other family, then PANEL_PROBES panel
+    inputs per ordered pair of families (constant seeds; single rules refuse the panels, see panels.py)."""
     probes = list(scenes.probe_bank())
     for i, family in enumerate(FAMILIES[1:], start=1):
         rng = np.random.default_rng([scenes.PROBE_SEED, i])
         probes.extend(LEAVES[family][3](rng) for _ in range(TYPED_PROBES[family]))
+    rng = np.random.default_rng([scenes.PROBE_SEED, len(FAMILIES)])
+    for first in FAMILIES:
+        for second in FAMILIES:
+            for i in range(PANEL_PROBES):
+                made = None
+                while made is None:
+                    made = panels.panel_scene(LEAVES[first][3](rng), LEAVES[second][3](rng), panels.AXES[i % 2], rng)
+                probes.append(made)
     return tuple(probes)
 
 
