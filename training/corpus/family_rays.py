@@ -10,7 +10,6 @@ differently raise Ambiguous; a body without a source raises NoObjects.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
 import numpy as np
 
@@ -65,76 +64,45 @@ def all_programs() -> list[Rays]:
     return [Rays(d, s, p) for d in STEPS for s in STOPS for p in PAINTS]
 
 
-UNIT_STEPS = tuple(dict.fromkeys(step for steps in STEPS.values() for step in steps))  # the 8 neighbours
-_COLUMNS = {name: [UNIT_STEPS.index(step) for step in steps] for name, steps in STEPS.items()}
+def trace(body: np.ndarray, start: tuple[int, int], step: tuple[int, int], bg: int, stop: str):
+    """(the background cells a ray crosses, the colour of the first cell it meets or None).
 
-
-@lru_cache(maxsize=128)
-def _rays(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
-    """(flat, inside) of the rays from every cell of an h x w body in the 8 UNIT_STEPS: (h*w, 8, L) flat indices of
-    each ray's L = max(h, w) cells from its start outwards (0 where outside), and whether each is inside the body.
-    Built once per shape (the scenes' bodies are at most 13 x 13: 81 shapes, 53 kB each at most), so that a run only
-    indexes it by its sources: that halved the time of a run on the family's scenes."""
-    length = max(h, w)
-    steps = np.array(UNIT_STEPS)
-    reach = np.arange(1, length + 1)
-    starts = np.indices((h, w)).reshape(2, -1).T
-    rows = starts[:, None, 0:1] + steps[None, :, 0:1] * reach
-    cols = starts[:, None, 1:2] + steps[None, :, 1:2] * reach
-    inside = (rows >= 0) & (rows < h) & (cols >= 0) & (cols < w)
-    flat = np.where(inside, rows * w + cols, 0).astype(np.int16)
-    flat.flags.writeable = inside.flags.writeable = False
-    return flat, inside
-
-
-def trace(body: np.ndarray, starts: np.ndarray, directions: str, bg: int, stop: str):
-    """Every ray at once, one per start (flat indices into the body) and direction, numbered start-major:
-    (crossed, flat, hits). Row i of `flat` (n*d, L) holds the flat index of ray i's L = max(h, w) cells from its
-    start outwards, `crossed` marks the background cells it colours, and `hits` (n*d,) the colour of the first cell it
-    meets, or -1. No Python loop over cells or rays.
-
-    >>> crossed, flat, hits = trace(np.array([[3, 0, 0, 5, 0]]), np.array([0]), "right", 0, "wall")
-    >>> flat[crossed].tolist(), hits.tolist()
-    ([1, 2], [5])
-    >>> crossed, flat, hits = trace(np.array([[3, 0, 0, 5, 0]]), np.array([0]), "right", 0, "border")
-    >>> flat[crossed].tolist(), hits.tolist()
-    ([1, 2, 4], [5])
+    >>> trace(np.array([[3, 0, 0, 5, 0]]), (0, 0), (0, 1), 0, "wall")
+    ([(0, 1), (0, 2)], 5)
+    >>> trace(np.array([[3, 0, 0, 5, 0]]), (0, 0), (0, 1), 0, "border")
+    ([(0, 1), (0, 2), (0, 4)], 5)
     """
-    every_flat, every_inside = _rays(*body.shape)
-    length, columns = every_flat.shape[-1], _COLUMNS[directions]
-    flat = every_flat[starts[:, None], columns].reshape(-1, length)
-    inside = every_inside[starts[:, None], columns].reshape(-1, length)
-    values = body.ravel()[flat]
-    walls = inside & (values != bg)
-    first = walls.argmax(axis=1)  # 0 also when the ray meets nothing: `met` tells the two apart
-    rays = np.arange(len(first))
-    met = walls[rays, first]
-    hits = np.where(met, values[rays, first], -1)
-    crossed = inside & (values == bg)
-    if stop == "wall":
-        crossed &= np.arange(length) < np.where(met, first, length)[:, None]  # the cells before the first wall
-    return crossed, flat, hits
+    cells, hit = [], None
+    r, c = start[0] + step[0], start[1] + step[1]
+    while 0 <= r < body.shape[0] and 0 <= c < body.shape[1]:
+        if body[r, c] == bg:
+            cells.append((r, c))
+        else:
+            hit = int(body[r, c]) if hit is None else hit
+            if stop == "wall":
+                break
+        r, c = r + step[0], c + step[1]
+    return cells, hit
 
 
 def run(program: Rays, grid: np.ndarray) -> np.ndarray:
     bg, mark, body = oracle.parse_key(np.asarray(grid, dtype=np.int8))
-    sources = np.flatnonzero(body == mark)
-    if not sources.size:
+    sources = list(zip(*np.nonzero(body == mark)))
+    if not sources:
         raise oracle.NoObjects("no source cell")
-    crossed, flat, hits = trace(body, sources, program.directions, bg, program.stop)
+    drawn: dict[tuple[int, int], int] = {}
+    for start in sources:
+        for step in STEPS[program.directions]:
+            cells, hit = trace(body, start, step, bg, program.stop)
+            colour = mark if program.paint == "mark" else hit
+            if colour is None:
+                continue
+            for cell in cells:
+                if drawn.setdefault(cell, colour) != colour:
+                    raise oracle.Ambiguous(f"two rays colour cell {cell} differently")
     out = body.copy()
-    if program.paint == "mark":  # every ray has one colour: nothing can clash
-        out.ravel()[flat[crossed]] = mark
-        return out
-    crossed &= (hits >= 0)[:, None]  # a hit-coloured ray that meets nothing is not drawn
-    ray, _ = np.nonzero(crossed)
-    cells, colours = flat[crossed], hits[ray]
-    seen = np.zeros((body.size, 10), dtype=bool)
-    seen[cells, colours] = True
-    clash = np.flatnonzero(seen.sum(axis=1) > 1)
-    if clash.size:
-        raise oracle.Ambiguous(f"two rays colour cell {divmod(int(clash[0]), body.shape[1])} differently")
-    out.ravel()[cells] = colours
+    for (r, c), colour in drawn.items():
+        out[r, c] = colour
     return out
 
 
