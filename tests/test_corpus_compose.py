@@ -197,3 +197,23 @@ def test_generate_reports_depths_and_a_killed_run_resumes_to_the_same_bytes(tmp_
     assert _files(killed) == _files(whole)
     with pytest.raises(SystemExit, match="other arguments"):
         generate.generate(3, 1, 0, killed, tries=1, programs=PROGRAMS, depth=2)
+
+
+def test_a_composite_and_the_rules_it_holds_are_each_others_rivals(probes):
+    """The audit's finding at --rules 56: a single rule's task whose inputs all take one SELECT branch, that rule, is
+    solved by the SELECT too, yet the SELECT was not among the rule's 8 nearest admitted rules, so the gate never
+    tried it. Kin (compose.kin) are rivals at any distance, in generate and in the audit alike."""
+    other = CountPack("any", "row", "mark", 8)
+    programs = [RIGHT, DOWN, CHOICE, other, CHAIN]
+    assert compose.kin(programs) == [[2, 4], [2], [0, 1], [4], [0, 3]]
+    assert compose.components(Sequential(CHOICE, DOWN)) == [CHOICE, RIGHT, DOWN, DOWN]
+    by_id = {dsl.rule_id(p): p for p in programs}
+    assert generate.rivals([dsl.rule_id(DOWN)], compose.kin(programs)[0], by_id, programs) == [DOWN, CHOICE, CHAIN]
+    # a task of RIGHT whose inputs are all wider than tall: CHOICE takes its RIGHT branch on every pair
+    pairs = [p for p in (rules.propose(RIGHT, np.random.default_rng(s)) for s in range(80))
+             if rules.predicate("wider_than_tall", p[0])]
+    pairs = [pairs[i] for i in sorted({x.tobytes(): i for i, (x, _) in enumerate(pairs)}.values())][:6]
+    assert len(pairs) == 6
+    assert gate._wrong_on(CHOICE, pairs) == 0
+    report = gate.judge_task(RIGHT, pairs, probes, generate.rivals([], compose.kin(programs)[0], by_id, programs))
+    assert report.reason == "not_separated" and dsl.canonical_json(CHOICE) in report.detail

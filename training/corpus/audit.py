@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 from rich.progress import track
 
-from training.corpus import admission, gate, oracle, rules
-from training.corpus.generate import NEAREST, SPLIT_DIRS
+from training.corpus import admission, compose, gate, oracle, rules
+from training.corpus.generate import NEAREST, SPLIT_DIRS, rivals as rivals_of
 
 
 def canonical_key(grids: tuple[np.ndarray, ...]) -> bytes:
@@ -104,6 +104,7 @@ def audit(corpus: Path, arc_data: Path) -> list[Finding]:
     ids = sorted(programs)
     adm = admission.Admitter.restored(ids, np.array([admission.raw_behaviour(programs[i], probes) for i in ids])
                                       .reshape(len(ids), len(probes)))
+    related = compose.kin([programs[i] for i in ids])
     index = index_arc(sorted(arc_data.rglob("*.json")), arc_data)
     splits: dict[str, set[str]] = {}
     for row in rows:
@@ -116,7 +117,9 @@ def audit(corpus: Path, arc_data: Path) -> list[Finding]:
         if any(not np.array_equal(_run(program, x), y) for x, y in pairs):
             findings.append(Finding(name, "replay", "the oracle does not reproduce every pair"))
         else:
-            rivals = [programs[r] for r in adm.nearest(ids.index(row["rule_id"]), NEAREST)]
+            position = ids.index(row["rule_id"])
+            rivals = rivals_of(adm.nearest(position, NEAREST), related[position], programs,
+                               [programs[i] for i in ids])
             report = gate.judge_task(program, pairs, probes, rivals)
             if not report.accepted:
                 findings.append(Finding(name, "gate", f"{report.reason}: {report.detail}"))

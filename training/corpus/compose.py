@@ -35,6 +35,28 @@ def reads(program) -> str:
     return getattr(program, "reads", "scene")
 
 
+def components(program) -> list:
+    """The rules a composite is made of, at every level (none for a single rule). Pure."""
+    parts = [getattr(program, field) for field in ("first", "then", "second", "if_true", "if_false")
+             if hasattr(program, field)]
+    return [rule for part in parts for rule in (part, *components(part))]
+
+
+def kin(programs: list) -> list[list[int]]:
+    """Per program, the positions of the others it is made of or that are made of it: rivals whatever their distance
+    on the probe bank (a SELECT can sit far from its branch on the bank and agree with it on every pair of a task
+    whose inputs all take that branch). Pure."""
+    position = {program: i for i, program in enumerate(programs)}
+    out: list[set[int]] = [set() for _ in programs]
+    for i, program in enumerate(programs):
+        for part in components(program):
+            j = position.get(part)
+            if j is not None and j != i:
+                out[i].add(j)
+                out[j].add(i)
+    return [sorted(found) for found in out]
+
+
 def _reads_scene(field: str, program) -> None:
     if reads(program) != "scene":
         raise ProgramError(f"{field}: a {program.family} rule reads panels, but is given one keyed scene here")

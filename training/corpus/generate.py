@@ -244,6 +244,13 @@ def _admit(rules, seed, depth, families, programs, probes, progress, mapper, bar
     return admitted, adm, {int(d): f for d, f in state["funnels"].items()}
 
 
+def rivals(nearest: list[str], related: list[int], by_id: dict, programs: list) -> list:
+    """The gate's rivals of a rule: its nearest admitted rules by behaviour (ids), then its kin (positions in
+    `programs`, `compose.kin`) not already among them. Pure."""
+    found = [by_id[r] for r in nearest]
+    return found + [programs[j] for j in related if programs[j] not in found]
+
+
 def _gate(admitted, adm, seed, tasks_per_rule, tries, out, mapper, bar) -> list[dict]:
     """Gate every rule without a record yet; a rule's record is written after its task files (the commit mark)."""
     by_id = {dsl.rule_id(p): p for p in admitted}
@@ -257,8 +264,9 @@ def _gate(admitted, adm, seed, tasks_per_rule, tries, out, mapper, bar) -> list[
         else:
             todo.append(row)
     task = bar.add_task("gating", total=len(admitted), completed=len(records))
-    jobs = ((admitted[row], [by_id[r] for r in adm.nearest(row, NEAREST)], seed, tasks_per_rule, tries)
-            for row in todo)
+    related = compose.kin(admitted)  # components and the composites holding them: rivals at any distance
+    jobs = ((admitted[row], rivals(adm.nearest(row, NEAREST), related[row], by_id, admitted), seed, tasks_per_rule,
+             tries) for row in todo)
     for row, (accepted, counts) in zip(todo, mapper(_gate_rule, jobs)):
         program = admitted[row]
         rid = dsl.rule_id(program)
