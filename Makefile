@@ -207,7 +207,7 @@ train-grid: build-env
 # the same command continues from its checkpoints (make clean, or another CORPUS, to start afresh).
 CORPUS = $(OUT)/corpus-demo
 corpus-demo: env
-	$(PY) -m training.corpus generate --rules 40 --depth 2 --tasks-per-rule 4 --tries 2 --seed 0 --workers 2 \
+	$(PY) -m training.corpus generate --rules 56 --depth 2 --tasks-per-rule 4 --tries 2 --seed 0 --workers 2 \
 	    --out $(CORPUS)
 	$(PY) -m training.corpus audit $(CORPUS) --arc-data $(ARC_DATA)
 
