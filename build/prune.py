@@ -34,7 +34,6 @@ from pathlib import Path
 
 import numpy as np
 
-from build.library_logs import show_library_logs_from
 
 ROUTER = r"(?:^|\.)layers\.(\d+)\.mlp\.gate\.weight$"
 EXPERT = r"\.mlp\.experts\.\d+\.(?:gate|up|down)_proj\.weight$"
@@ -277,7 +276,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args(argv)
-    show_library_logs_from("INFO")
     from submission.progress import ProgressLine
 
     started, line = time.perf_counter(), ProgressLine()

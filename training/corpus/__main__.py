@@ -12,7 +12,9 @@ and prints the funnel table by family.
 `generate`: gated ARC tasks and a manifest (training/corpus/generate.py). Same seed, same bytes; a killed run started
 again with the same arguments continues from its checkpoints.
 `audit`: replays every gate and looks for leaks of public ARC data (training/corpus/audit.py); exit 1 on a finding.
-The transfer probe is its own command: `python -m training.corpus.probe` (training/corpus/probe.py).
+`probe`: the transfer probe, held-out corpus tasks and a real panel through the solver side by side
+(`python -m training.corpus probe --corpus DIR --real TASKS --out OUT ...`, training/corpus/probe.py, also
+`python -m training.corpus.probe`).
 """
 
 from __future__ import annotations

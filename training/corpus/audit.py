@@ -2,7 +2,8 @@
 
 `python -m training.corpus audit DIR [--arc-data ../shared/arc-data]` (exit status 1 on any finding).
 Replay: each task's rule is read from the manifest. The oracle must reproduce every pair, and the gate must accept
-again, with rivals = the 8 nearest rules of the manifest by raw behaviour on the probe bank. (The generator's rivals
+again, with rivals = the 8 nearest rules of the manifest by raw behaviour on the probe bank and the rule's kin in the
+manifest (`compose.kin`), as generate picks them. (The generator's rivals
 came from the whole admitted set. Rules admitted without a task are not in the manifest, so this replay is
 approximate.)
 Held-out rules keep all of their tasks in the held-out folder (a rule with tasks in both splits is a finding).

@@ -16,7 +16,7 @@ replaced by IDENTITY, which leaves its panel as it is).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from training.corpus.dsl import ProgramError, check
 
@@ -36,9 +36,8 @@ def reads(program) -> str:
 
 
 def components(program) -> list:
-    """The rules a composite is made of, at every level (none for a single rule). Pure."""
-    parts = [getattr(program, field) for field in ("first", "then", "second", "if_true", "if_false")
-             if hasattr(program, field)]
+    """The rules a composite is made of, at every level (none for a single rule): its fields that are rules. Pure."""
+    parts = [value for value in (getattr(program, f.name) for f in fields(program)) if hasattr(value, "family")]
     return [rule for part in parts for rule in (part, *components(part))]
 
 

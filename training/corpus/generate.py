@@ -10,8 +10,8 @@ admitted single rule, in a seeded order), then gates K tasks per rule. It writes
   DIR/gate.json                  admission funnel and gate verdicts, per depth;
   DIR/corpus.png                 the same as bars;
   DIR/progress/                  the checkpoints a restarted run continues from (same arguments, same folder).
-A rule gets up to `tries` proposals per task; the nearest 8 admitted rules (raw behaviour distance) are the gate's
-rivals. Each task's random stream is derived from (seed, rule id, k), and workers only measure (behaviours, gates)
+A rule gets up to `tries` proposals per task; the gate's rivals are the nearest 8 admitted rules (raw behaviour
+distance) and its kin, the composites it is part of and the rules it is made of (`compose.kin`), at any distance. Each task's random stream is derived from (seed, rule id, k), and workers only measure (behaviours, gates)
 while the main process judges in a fixed order, so the same seed gives byte-identical files with any number of
 workers, killed and restarted or not.
 """

@@ -1,7 +1,9 @@
 """The transfer probe: does a model solve held-out corpus tasks, and how does it do on real ARC tasks in the same run?
 
-    python -m training.corpus.probe --corpus runs/corpus --out runs/probe [--panel $ARC_DATA/arc-agi-2/evaluation]
+    python -m training.corpus probe --corpus runs/corpus --out runs/probe [--real $ARC_DATA/arc-agi-2/evaluation]
         [--profile cpu-tiny] [--model DIR] [--deadline S [--scale-schedule]] [--max-tasks N] [--json PATH]
+
+(also `python -m training.corpus.probe`, where `--panel` is `--real`'s other name.)
 
 It runs the solver (`submission.main.main`, in this process) once per panel: `heldout`, the corpus's `heldout/`
 split (generate's held-out rules, never mixed into training: training/corpus/mix.py), and `real`, a folder of ARC
