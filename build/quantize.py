@@ -9,19 +9,26 @@ kernels on the L4), `NVFP4` (W4A4: the same weights and a calibrated input globa
 per channel, dynamic per-token activations), `FP8` (per-tensor FP8 weights and a calibrated static input scale),
 `BF16` (keep). Static schemes need `--calibration-tasks` (build.input_scales).
 
-Weights are upcast to fp32 before quantising (bf16 division flips ~0.5% of the nibbles). Every set of weights vLLM
-fuses into one linear shares one global scale (and one static input scale), since vLLM keeps only the first: the
-groups come from one table per architecture (build.fused: q/k/v, gate/up of dense MLPs, of each routed expert and of
-shared experts), found in one pass over the names so the converter's per-tensor dependency lookups cost O(1); a
-recipe giving a group's members different schemes, or quantising nothing, is refused before any work.
+Weights are quantised in float32 (bf16 division flips ~0.5% of the nibbles). Every set of weights vLLM fuses into
+one linear shares one global scale (and one static input scale), since vLLM keeps only the first: the groups come
+from one table per architecture (build.fused: q/k/v, gate/up of dense MLPs, of each routed expert and of shared
+experts), found in one pass over the names; a recipe giving a group's members different schemes, or quantising
+nothing, is refused before any work, as is a source that is quantised already.
 MTP layers (`mtp.*`, Qwen3-Next) are matched by the same rules as the decoder layers except layer-ranged ones (the
 MTP layer is none of layers 0..N-1), as vLLM 0.33 looks them up: its MTP decoder layer and `mtp.fc` are built with
 the checkpoint's quantization config under their checkpoint names (experts by expert 0's names), while its output
 head is built without one, so a recipe that quantises `lm_head` is refused for a checkpoint with MTP weights.
-The quantisation itself is compressed-tensors' own (`calculate_qparams`, `generate_gparam`, the NVFP4 and FP8
-compressors), so the tensors are the library's byte for byte. The `quantization_config` written into config.json
-is compressed-tensors' (one config group per scheme, explicit module names as targets). A per-tensor report
-(`quantization_report.json`: scheme, relative error of the dequantised weight) comes with the output.
+
+The output is what compressed-tensors' streaming converter (`convert_checkpoint` with a converter calling the
+library's compressors tensor by tensor) writes, byte for byte (tests/test_quantize.py builds that reference,
+tests/reference_quantize.py, and compares every file), but much faster: the shards are read by their headers and
+memory-mapped (no torch load), each output shard holds what the converter's would (a fused group's members travel to
+its first member's shard), kept tensors go to safetensors' serialiser by pointer, and a shard's NVFP4 weights are
+quantised together by two compiled loops (build.nvfp4: the library's CPU fallbacks run ~10 M elements/s, ~4 hours of
+an 80B model's experts on one core). FP8 weights (attention, a few per layer) go through the library's own
+`FloatQuantizationCompressor`. The `quantization_config` in config.json and the index are written by the library's
+writers. A per-tensor report (`quantization_report.json`: scheme, relative error of the dequantised weight, computed
+in float32 where the library dequantises in bfloat16) comes with the output.
 With `--calibration-tasks`, FP8 KV-cache scales calibrated on the solver's own prompts of those tasks
 (build.kv_scales) are added too, with the `kv_cache_scheme` vLLM reads; they and the static input scales (observed
 only when the recipe has a static scheme) come from one layer-by-layer pass over the prompts (build.input_scales:
@@ -34,13 +41,17 @@ import argparse
 import functools
 import json
 import re
+import shutil
 import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from build.library_logs import show_library_logs_from
+from build.prune import DTYPES, checkpoint_files, read_header, weight_map
 
 if TYPE_CHECKING:
     import torch
@@ -140,52 +151,303 @@ def plan(recipe: Recipe, tensors: dict[str, tuple[int, ...]], table: dict[str, t
     return schemes
 
 
-def quantize_weights(weights: dict[str, "torch.Tensor"], scheme_name: str,
-                     input_amax: dict[str, float] | None = None) -> dict[str, "torch.Tensor"]:
-    """Quantise the weights of one fused group (or one module) with one scheme. Keys are module names; returns the
-    compressed tensors keyed by full tensor name. Static schemes take each module's calibrated input amax (a fused
-    group shares the largest, as it shares its input). Pure (no I/O)."""
+def fp8_weights(weights: dict[str, "torch.Tensor"], scheme_name: str,
+                extra: dict[str, "torch.Tensor"] | None = None) -> dict[str, "torch.Tensor"]:
+    """FP8 weights of one fused group (or one module) by compressed-tensors' own calls: per channel (FP8_DYNAMIC) or
+    per tensor (FP8); keys are module names, the result is keyed by full tensor name; `extra` (a static input scale)
+    is copied to every member. Pure (no I/O)."""
     import torch
     from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
-    from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
-    from compressed_tensors.quantization.utils.helpers import calculate_qparams, generate_gparam
+    from compressed_tensors.quantization.utils.helpers import calculate_qparams
 
     scheme = _compression_scheme(scheme_name)
-    args = scheme.weights
     out = {}
-    upcast = {name: w.to(torch.float32) for name, w in weights.items()}
-    extra: dict[str, torch.Tensor] = {}
-    if scheme_name in STATIC:
-        missing = [name for name in weights if name not in (input_amax or {})]
-        if missing:
-            raise ValueError(f"static scheme {scheme_name} needs calibrated inputs for {missing[:3]} "
-                             "(pass --calibration-tasks)")
-        amax = torch.tensor([max(input_amax[name] for name in weights)], dtype=torch.float32)
-        extra = ({"input_global_scale": generate_gparam(-amax, amax)} if scheme_name == "NVFP4"
-                 else {"input_scale": amax / 448.0})
-    if scheme_name in ("NVFP4A16", "NVFP4"):
-        low = torch.stack([w.min() for w in upcast.values()]).min()
-        high = torch.stack([w.max() for w in upcast.values()]).max()
-        global_scale = generate_gparam(low.reshape(1), high.reshape(1))  # shared across the fused group
-        for name, w in upcast.items():
-            groups = w.reshape(w.shape[0], -1, args.group_size)
-            scale, _ = calculate_qparams(groups.amin(-1), groups.amax(-1), args, global_scale=global_scale)
-            state = NVFP4PackedCompressor.compress(  # each member stores its own copy of the shared global scale
-                {"weight": w, "weight_scale": scale, "weight_global_scale": global_scale.clone()}, scheme)
-            out.update({f"{name}.{k}": v for k, v in state.items()})
-            out.update({f"{name}.{k}": v.clone() for k, v in extra.items()})
-    elif scheme_name in ("FP8_DYNAMIC", "FP8"):
-        for name, w in upcast.items():
-            if scheme_name == "FP8":  # per tensor
-                scale, _ = calculate_qparams(w.min().reshape(1), w.max().reshape(1), args)
-            else:  # per output channel
-                scale, _ = calculate_qparams(w.amin(1, keepdim=True), w.amax(1, keepdim=True), args)
-            state = FloatQuantizationCompressor.compress({"weight": w, "weight_scale": scale}, scheme)
-            out.update({f"{name}.{k}": v for k, v in state.items()})
-            out.update({f"{name}.{k}": v.clone() for k, v in extra.items()})
-    else:
-        raise ValueError(f"not a quantising scheme: {scheme_name}")
+    for name, w in weights.items():
+        w = w.to(torch.float32)
+        if scheme_name == "FP8":  # per tensor
+            scale, _ = calculate_qparams(w.min().reshape(1), w.max().reshape(1), scheme.weights)
+        else:  # per output channel
+            scale, _ = calculate_qparams(w.amin(1, keepdim=True), w.amax(1, keepdim=True), scheme.weights)
+        state = FloatQuantizationCompressor.compress({"weight": w, "weight_scale": scale}, scheme)
+        out.update({f"{name}.{k}": v for k, v in state.items()})
+        out.update({f"{name}.{k}": v.clone() for k, v in (extra or {}).items()})
     return out
+
+
+def static_input(scheme_name: str, amax: float) -> dict[str, "torch.Tensor"]:
+    """The calibrated input scale a static scheme stores beside each member of a group, from the group's input amax:
+    NVFP4's `input_global_scale` (as `generate_gparam(-amax, amax)`), FP8's `input_scale` (amax / 448)."""
+    import torch
+
+    from build.nvfp4 import global_scale
+
+    value = torch.tensor([amax], dtype=torch.float32)
+    if scheme_name == "NVFP4":
+        return {"input_global_scale": torch.from_numpy(global_scale(value.numpy()))}
+    return {"input_scale": value / 448.0}
+
+
+def group_input_amax(modules: list[str], input_amax: dict[str, float], largest: dict[tuple[str, str], float],
+                     scheme: str, report: dict[str, dict]) -> float:
+    """The input amax a static group shares (the largest of its members': they share their input). An expert that
+    no calibration token reached takes the largest of its layer's experts for the same projection (conservative),
+    noted in the report; a module with neither is refused."""
+    found = []
+    for module in modules:
+        if module in input_amax:
+            found.append(input_amax[module])
+        elif ".experts." in module:
+            prefix, rest = module.split(".experts.", 1)
+            if (prefix, rest.split(".", 1)[-1]) in largest:
+                found.append(largest[(prefix, rest.split(".", 1)[-1])])
+                report.setdefault(module, {})["input_scale_from"] = "largest of the layer's experts (not routed)"
+                continue
+            raise ValueError(f"static scheme {scheme} needs calibrated inputs for {module} (pass --calibration-tasks)")
+        else:
+            raise ValueError(f"static scheme {scheme} needs calibrated inputs for {module} (pass --calibration-tasks)")
+    return max(found)
+
+
+def largest_expert_amax(input_amax: dict[str, float]) -> dict[tuple[str, str], float]:
+    """(layer's experts prefix, projection) -> the largest calibrated input amax of that layer's experts."""
+    largest: dict[tuple[str, str], float] = {}
+    for name, value in input_amax.items():
+        if ".experts." in name:
+            prefix, rest = name.split(".experts.", 1)
+            key = (prefix, rest.split(".", 1)[-1])
+            largest[key] = max(largest.get(key, 0.0), value)
+    return largest
+
+
+def quantization_config(schemes: dict[str, str], kv_cache: bool):
+    """compressed-tensors' QuantizationConfig of the planned modules: one config group per scheme, explicit module
+    names as targets, `kv_cache_scheme` (FP8 per tensor, static) when KV-cache scales are written."""
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig
+
+    targets: dict[str, list[str]] = {}
+    for module, scheme in schemes.items():
+        targets.setdefault(scheme, []).append(module)
+    groups = {f"group_{i}": _scheme(scheme, sorted(targets[scheme]))
+              for i, scheme in enumerate(s for s in FORMATS if s in targets)}
+    formats = {FORMATS[s] for s in targets}
+    kv = (QuantizationArgs(num_bits=8, type="float", strategy="tensor", dynamic=False, symmetric=True)
+          if kv_cache else None)
+    return QuantizationConfig(config_groups=groups, format=formats.pop() if len(formats) == 1 else "mixed-precision",
+                              quantization_status="compressed", kv_cache_scheme=kv)
+
+
+def shard_jobs(weights: dict[str, str], dependencies: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Output shard -> the tensors it holds, as compressed-tensors' converter assigns them
+    (`build_inverse_weight_maps`): every tensor stays in its shard except the other members of a fused group, which
+    go to the shard of its first member (quantised together there). A shard left with no tensor is not written (the
+    converter refuses such a checkpoint). Pure, linear in the names."""
+    moved = {name for members in dependencies.values() for name in members}
+    out: dict[str, list[str]] = {}
+    for name, shard in weights.items():
+        if name not in moved:
+            out.setdefault(shard, []).extend([name, *dependencies.get(name, ())])
+    return out
+
+
+class Shards:
+    """The source shards, each header read once and each file memory-mapped once: a tensor is a view of its bytes
+    (no torch, no copy)."""
+
+    def __init__(self, model: Path, files: dict[str, Path], weights: dict[str, str]):
+        self.files, self.weights = files, weights
+        self.headers = {shard: read_header(files[shard]) for shard in sorted(set(weights.values()))}
+        self.maps: dict[str, np.ndarray] = {}
+
+    def info(self, name: str) -> dict:
+        return self.headers[self.weights[name]][1][name]
+
+    def view(self, name: str) -> tuple[np.ndarray, int]:
+        """The tensor's bytes (uint8) and their offset in its shard's map."""
+        shard = self.weights[name]
+        if shard not in self.maps:
+            # copy-on-write: writable views (numba and torch take them), never written; a plain array slices faster
+            self.maps[shard] = np.memmap(self.files[shard], dtype=np.uint8, mode="c").view(np.ndarray)
+        start, header = self.headers[shard]
+        begin, end = header[name]["data_offsets"]
+        return self.maps[shard][start + begin:start + end], start + begin
+
+    def tensor(self, name: str) -> "torch.Tensor":
+        """A copy as a torch tensor of its own dtype (for the few weights the library quantises)."""
+        import torch
+
+        info = self.info(name)
+        data = np.array(self.view(name)[0])
+        return torch.from_numpy(data).view(getattr(torch, DTYPES[info["dtype"]])).reshape(info["shape"])
+
+
+def _nvfp4_source(shards: Shards, names: list[str]) -> tuple[np.ndarray, list[int]]:
+    """The flat array the NVFP4 loops read the weights from, and each weight's element offset in it: the shard's own
+    map seen as bfloat16 bits or float32 when all lie in one shard with that dtype and its alignment (the usual
+    case, nothing copied), else a float32 copy of them (members from another shard, float16, mixed dtypes)."""
+    infos = [shards.info(name) for name in names]
+    dtypes = {info["dtype"] for info in infos}
+    shard_names = {shards.weights[name] for name in names}
+    if len(shard_names) == 1 and len(dtypes) == 1 and (dtype := dtypes.pop()) in ("BF16", "F32"):
+        size = 2 if dtype == "BF16" else 4
+        offsets = [shards.view(name)[1] for name in names]
+        if all(offset % size == 0 for offset in offsets):
+            data = shards.maps[shard_names.pop()]
+            usable = len(data) // size * size
+            return data[:usable].view(np.uint16 if size == 2 else np.float32), [o // size for o in offsets]
+    parts = []
+    for name, info in zip(names, infos):
+        raw = np.array(shards.view(name)[0])
+        if info["dtype"] == "BF16":
+            parts.append((raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32))
+        elif info["dtype"] in ("F16", "F32"):
+            parts.append(raw.view(np.float16 if info["dtype"] == "F16" else np.float32).astype(np.float32))
+        else:
+            raise ValueError(f"{shards.files[shards.weights[name]]}: {name} has dtype {info['dtype']}, which "
+                             "NVFP4 does not quantise (BF16, F16 or F32)")
+    starts = np.cumsum([0] + [len(p) for p in parts])[:-1].tolist()
+    return np.concatenate(parts), starts
+
+
+def quantize_shard(shards: Shards, names: list[str], schemes: dict[str, str], group_of: dict[str, str],
+                   kv_scales: dict[str, float], input_amax: dict[str, float],
+                   largest: dict[tuple[str, str], float], report: dict[str, dict], with_error: bool) -> dict:
+    """One output shard's tensors as safetensors specs (name -> (dtype, shape, array)), the same tensors the converter
+    writes: passed-through tensors as views of the source map, NVFP4 weights from build.nvfp4 (all of the shard's at
+    once), FP8 weights from the library, KV-cache scales beside each attention layer's k_proj. Fills `report`."""
+    import torch
+
+    from build.nvfp4 import quantize as nvfp4
+
+    out: dict[str, tuple[str, list[int], np.ndarray]] = {}
+
+    def put(name: str, tensor: "torch.Tensor") -> None:
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        out[name] = (dtype, list(tensor.shape), tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
+
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name in names:
+        if name.endswith(".k_proj.weight"):
+            attention = name[:-len(".k_proj.weight")]
+            for kind in ("k_scale", "v_scale"):
+                if f"{attention}.{kind}" in kv_scales:
+                    put(f"{attention}.{kind}", torch.tensor(kv_scales[f"{attention}.{kind}"], dtype=torch.float32))
+        info = shards.info(name)
+        module = name[:-len(".weight")] if name.endswith(".weight") else None
+        scheme = schemes.get(module)
+        if scheme is None or len(info["shape"]) != 2:
+            out[name] = (DTYPES[info["dtype"]], info["shape"], shards.view(name)[0])
+            continue
+        groups.setdefault((group_of.get(module, module), scheme), []).append(module)
+    extras = {key: static_input(key[1], group_input_amax(modules, input_amax, largest, key[1], report))
+              for key, modules in groups.items() if key[1] in STATIC}
+    for (fused, scheme), modules in groups.items():
+        if scheme.startswith("FP8"):
+            state = fp8_weights({m: shards.tensor(f"{m}.weight") for m in modules}, scheme, extras.get((fused, scheme)))
+            for k, v in state.items():
+                put(k, v)
+            for module in modules:
+                row = report.setdefault(module, {})
+                row["scheme"] = scheme
+                if with_error:
+                    original = shards.tensor(f"{module}.weight").to(torch.float32)
+                    restored = dequantize(state, module, scheme).to(torch.float32)
+                    row["relative_error"] = float((restored - original).norm() / original.norm().clamp(min=1e-12))
+    members = [(key, m) for key, modules in groups.items() if key[1].startswith("NVFP4") for m in modules]
+    if not members:
+        return out
+    weights = [f"{m}.weight" for _, m in members]
+    source, starts = _nvfp4_source(shards, weights)
+    shapes = [shards.info(w)["shape"] for w in weights]
+    group_ids = {key: i for i, key in enumerate(dict.fromkeys(key for key, _ in members))}
+    q = nvfp4(source, starts, [s[0] for s in shapes], [s[1] for s in shapes], [group_ids[k] for k, _ in members],
+              weights, with_error)
+    for i, ((key, module), (rows, cols)) in enumerate(zip(members, shapes)):
+        at, blocks = int(q.scales_at[i]), rows * cols // 16
+        out[f"{module}.weight_packed"] = ("uint8", [rows, cols // 2], q.packed[at * 8:at * 8 + blocks * 8])
+        out[f"{module}.weight_scale"] = ("float8_e4m3fn", [rows, cols // 16], q.scales[at:at + blocks])
+        out[f"{module}.weight_global_scale"] = ("float32", [1], q.global_scales[i:i + 1])
+        for k, v in extras.get(key, {}).items():
+            put(f"{module}.{k}", v.clone())
+        row = report.setdefault(module, {})
+        row["scheme"] = key[1]
+        if q.errors is not None:
+            row["relative_error"] = float(np.sqrt(q.errors[i, 0]) / max(np.sqrt(q.errors[i, 1]), 1e-12))
+    return out
+
+
+class _Config:
+    """What compressed-tensors' config writer asks of a converter: the new quantization config, the model config."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def update_config(self, _existing):
+        return self.config
+
+    def update_model_config(self, model_config: dict) -> dict:
+        return model_config
+
+
+def quantize(model: str | Path, recipe_path: str | Path, out: str | Path,
+             kv_scales: dict[str, float] | None = None, input_amax: dict[str, float] | None = None,
+             report: bool = True, on_shard=None) -> dict[str, dict]:
+    """Quantise `model` by the recipe into `out` (written to `OUT.partial`, renamed when complete); returns the
+    per-module report (scheme, and with `report` the relative error of the dequantised weight). `on_shard(done,
+    total)` after each shard is written. Runs on the CPU: bound by reading and writing the bytes, so an accelerator
+    would not shorten it (benchmarks/RESULTS.md, "Quantising against copying")."""
+    from compressed_tensors.entrypoints.convert.convert_file import write_checkpoint_quantization_config
+    from compressed_tensors.utils.safetensors_load import update_safetensors_index
+    from safetensors import TensorSpec, serialize_file
+
+    from build.fused import groups, table_for
+
+    model, out = Path(model), Path(out)
+    if out.exists():
+        raise ValueError(f"{out}: already exists; refusing to overwrite")
+    recipe = load_recipe(recipe_path)
+    files = checkpoint_files(model)
+    weights = weight_map(files)
+    config = json.loads((model / "config.json").read_text())
+    if "quantization_config" in config:
+        raise ValueError(f"{model}/config.json: quantization_config is set: quantise the unquantised checkpoint")
+    shards = Shards(model, files, weights)
+    table = table_for(config)
+    schemes = plan(recipe, {name: tuple(shards.info(name)["shape"]) for name in weights}, table, str(model))
+    fused = groups(schemes, table)
+    group_of = {member: name for name, members in fused.items() for member in members}
+    # the group's first member is the primary that brings the others along, as in the converter
+    dependencies = {f"{members[0]}.weight": [f"{m}.weight" for m in members[1:]] for members in fused.values()}
+    jobs = shard_jobs(weights, dependencies)
+    partial = out.with_name(out.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    for name, path in files.items():
+        if not name.endswith("safetensors"):
+            (partial / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, partial / name)
+    rows: dict[str, dict] = {}
+    largest = largest_expert_amax(input_amax or {})
+    total, new_map = 0, {}
+    for done, (shard, names) in enumerate(jobs.items(), 1):
+        specs = quantize_shard(shards, names, schemes, group_of, kv_scales or {}, input_amax or {}, largest, rows,
+                               report)
+        (partial / shard).parent.mkdir(parents=True, exist_ok=True)
+        serialize_file({name: TensorSpec(dtype=dtype, shape=shape, data_ptr=data.ctypes.data, data_len=data.nbytes)
+                        for name, (dtype, shape, data) in specs.items()}, str(partial / shard), metadata=None)
+        total += sum(data.nbytes for _, _, data in specs.values())
+        new_map.update(dict.fromkeys(specs, Path(shard).name))
+        del specs
+        if on_shard is not None:
+            on_shard(done, len(jobs))
+    write_checkpoint_quantization_config(str(partial), [_Config(quantization_config(schemes, bool(kv_scales)))])
+    update_safetensors_index(str(partial), total, new_map)
+    (partial / "quantization_report.json").write_text(json.dumps(
+        {"recipe": recipe.name, "recipe_file": str(Path(recipe_path).resolve()), "tensors": rows,
+         "kv_scales": kv_scales or {}},
+        indent=1))
+    partial.rename(out)
+    return rows
 
 
 def dequantize(state: dict[str, "torch.Tensor"], module: str, scheme_name: str) -> "torch.Tensor":
@@ -195,158 +457,6 @@ def dequantize(state: dict[str, "torch.Tensor"], module: str, scheme_name: str) 
     local = {k[len(module) + 1:]: v for k, v in state.items() if k.startswith(module + ".")}
     compressor = NVFP4PackedCompressor if scheme_name.startswith("NVFP4") else FloatQuantizationCompressor
     return compressor.decompress(local, _compression_scheme(scheme_name))["weight"]
-
-
-class RecipeQuantizer:
-    """A compressed-tensors converter that quantises each planned module (`schemes`: module -> scheme, from `plan`)
-    with its fused group, and adds the FP8 KV-cache scales (`kv_scales`: tensor name -> scale) to the shard holding
-    each attention layer's k_proj. The groups are indexed once here: the converter asks `get_dependencies` of every
-    tensor, and a scan of all names per call made that quadratic (3 hours of set-up for an 80B MoE's 75k tensors)."""
-
-    def __init__(self, schemes: dict[str, str], table: dict[str, tuple[str, ...]],
-                 kv_scales: dict[str, float] | None = None, input_amax: dict[str, float] | None = None,
-                 report: bool = True):
-        from build.fused import groups
-
-        self.schemes = schemes
-        self.table = table
-        self.kv_scales = kv_scales or {}
-        self.input_amax = input_amax or {}
-        self.with_report = report
-        self.report: dict[str, dict] = {}
-        self.largest: dict[tuple[str, str], float] = {}  # (layer's experts prefix, projection) -> largest amax
-        for name, value in self.input_amax.items():
-            if ".experts." in name:
-                prefix, rest = name.split(".experts.", 1)
-                key = (prefix, rest.split(".", 1)[-1])
-                self.largest[key] = max(self.largest.get(key, 0.0), value)
-        self.group_of: dict[str, str] = {}
-        self.dependencies: dict[str, set[str]] = {}
-        for fused, members in groups(schemes, table).items():
-            # the group's first member is the primary that brings the others along (dependencies must not be mutual)
-            self.dependencies[f"{members[0]}.weight"] = {f"{m}.weight" for m in members[1:]}
-            self.group_of.update({m: fused for m in members})
-
-    def process(self, tensors: dict) -> dict:
-        import torch
-
-        out, groups = {}, {}
-        for name in tensors:
-            if name.endswith(".k_proj.weight"):
-                attention = name[:-len(".k_proj.weight")]
-                for kind in ("k_scale", "v_scale"):
-                    if f"{attention}.{kind}" in self.kv_scales:
-                        out[f"{attention}.{kind}"] = torch.tensor(self.kv_scales[f"{attention}.{kind}"],
-                                                                  dtype=torch.float32)
-        for name, tensor in tensors.items():
-            module = name[:-len(".weight")] if name.endswith(".weight") else None
-            scheme = self.schemes.get(module)
-            if scheme is None or tensor.ndim != 2:
-                out[name] = tensor
-                continue
-            groups.setdefault((self.group_of.get(module, module), scheme), {})[module] = tensor
-        for (_, scheme), weights in groups.items():
-            packed = quantize_weights(weights, scheme, self._amax_for(weights) if scheme in STATIC else None)
-            out.update(packed)
-            if next(iter(weights.values())).device.type == "meta":
-                continue
-            for module, w in weights.items():
-                row = self.report.setdefault(module, {})
-                row["scheme"] = scheme
-                if self.with_report:
-                    restored = dequantize(packed, module, scheme).to(torch.float32)
-                    original = w.to(torch.float32)
-                    row["relative_error"] = float((restored - original).norm() / original.norm().clamp(min=1e-12))
-        return out
-
-    def _amax_for(self, weights: dict) -> dict[str, float]:
-        """Calibrated input amax per module; an expert no calibration token was routed to takes the largest of its
-        layer's experts for the same projection (conservative), noted in the report."""
-        out = {}
-        for module in weights:
-            if module in self.input_amax:
-                out[module] = self.input_amax[module]
-                continue
-            if ".experts." not in module:
-                continue
-            prefix, rest = module.split(".experts.", 1)
-            largest = self.largest.get((prefix, rest.split(".", 1)[-1]))
-            if largest is not None:
-                out[module] = largest
-                self.report.setdefault(module, {})["input_scale_from"] = "largest of the layer's experts (not routed)"
-        return out
-
-    def validate(self, tensors: dict) -> dict:
-        return {name: t for name, t in tensors.items()}  # quantising meta tensors is not possible; names suffice
-
-    def get_dependencies(self, weight_name: str) -> set[str]:
-        """The other members of a fused group, so that they are quantised together (one global scale); O(1)."""
-        return self.dependencies.get(weight_name, set())
-
-    def update_config(self, config):
-        from compressed_tensors.quantization import QuantizationConfig
-
-        targets: dict[str, list[str]] = {}
-        for module, scheme in self.schemes.items():
-            targets.setdefault(scheme, []).append(module)
-        groups = {f"group_{i}": _scheme(scheme, sorted(targets[scheme]))
-                  for i, scheme in enumerate(s for s in FORMATS if s in targets)}
-        formats = {FORMATS[s] for s in targets}
-        kv = None
-        if self.kv_scales:
-            from compressed_tensors.quantization import QuantizationArgs
-
-            kv = QuantizationArgs(num_bits=8, type="float", strategy="tensor", dynamic=False, symmetric=True)
-        return QuantizationConfig(config_groups=groups, format=formats.pop() if len(formats) == 1 else "mixed-precision",
-                                  quantization_status="compressed", kv_cache_scheme=kv)
-
-    def update_model_config(self, model_config: dict) -> dict:
-        return model_config
-
-
-def tensor_shapes(files: list[str]) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape from the shards' headers (no tensor is read)."""
-    from safetensors import safe_open
-
-    shapes = {}
-    for file in files:
-        with safe_open(file, framework="pt") as f:
-            shapes.update({name: tuple(f.get_slice(name).get_shape()) for name in f.keys()})
-    return shapes
-
-
-def quantize(model: str | Path, recipe_path: str | Path, out: str | Path,
-             kv_scales: dict[str, float] | None = None, input_amax: dict[str, float] | None = None,
-             report: bool = True, device: str = "auto") -> dict[str, dict]:
-    """Quantise `model` by the recipe into `out`; returns the per-module report (scheme, and with `report` the
-    relative error of the dequantised weight: one decompression per tensor, ~15% of the time).
-
-    `device`: where the shards are quantised: "auto" (every accelerator torch sees, else the CPU: compressed-tensors'
-    own choice), "cpu", or a torch device such as "cuda:0". On a CUDA device compressed-tensors runs its Triton
-    kernels for the FP4 cast and packing; on the CPU its element-wise fallback is ~90% of the time at real widths
-    and runs at ~10 M elements/s on one core (benchmarks/RESULTS.md, "Quantising against copying")."""
-    from compressed_tensors.entrypoints.convert import convert_checkpoint
-    from compressed_tensors.utils.safetensors_load import get_checkpoint_files
-
-    from build.fused import table_for
-
-    model, out = Path(model), Path(out)
-    if out.exists():
-        raise ValueError(f"{out}: already exists; refusing to overwrite")
-    recipe = load_recipe(recipe_path)
-    config = json.loads((model / "config.json").read_text())
-    files = [path for name, path in get_checkpoint_files(str(model)).items() if name.endswith(".safetensors")]
-    schemes = plan(recipe, tensor_shapes(files), table_for(config), str(model))
-    quantizer = RecipeQuantizer(schemes, table_for(config), kv_scales, input_amax, report)
-    partial = out.with_name(out.name + ".partial")
-    convert_checkpoint(str(model), str(partial), converter=quantizer, max_workers=1,
-                       device=None if device == "auto" else device)
-    (partial / "quantization_report.json").write_text(json.dumps(
-        {"recipe": recipe.name, "recipe_file": str(Path(recipe_path).resolve()), "tensors": quantizer.report,
-         "kv_scales": kv_scales or {}},
-        indent=1))
-    partial.rename(out)
-    return quantizer.report
 
 
 def calibrated_scales(model: str | Path, recipe_path: str | Path, tasks, samples: int, on_step=None
@@ -382,16 +492,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="ARC tasks whose solver prompts calibrate FP8 KV-cache and static input scales")
     parser.add_argument("--samples", type=int, default=256, help="calibration prompts (one per task)")
     parser.add_argument("--no-report", action="store_true",
-                        help="skip the per-tensor error report (a dequantisation per tensor, ~15%% of the time)")
-    parser.add_argument("--device", default="auto",
-                        help="auto (the accelerators torch sees, else the CPU), cpu, or a torch device like cuda:0: "
-                             "on CUDA compressed-tensors quantises with its Triton kernels")
+                        help="skip the per-tensor error report (its sums in the NVFP4 loop, a dequantisation per FP8 tensor)")
     args = parser.parse_args(argv)
     show_library_logs_from("INFO")
     try:
+        from submission.progress import ProgressLine
+
         kv = amax = None
         if args.calibration_tasks:
-            from submission.progress import ProgressLine
             from submission.tasks import load_tasks
 
             line = ProgressLine()
@@ -401,7 +509,12 @@ def main(argv: list[str] | None = None) -> int:
                                                  f"calibrating scales: chunk {s.chunk + 1}, layer {s.layer + 1}"))
             finally:
                 line.close()
-        report = quantize(args.model, args.recipe, args.out, kv, amax, not args.no_report, args.device)
+        line = ProgressLine()
+        try:
+            report = quantize(args.model, args.recipe, args.out, kv, amax, not args.no_report,
+                              lambda done, total: line.update(f"quantise: shard {done}/{total}", final=done == total))
+        finally:
+            line.close()
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,6 +1,8 @@
-"""Quantisation recipes on a tiny Qwen3-MoE: NVFP4 bytes against an independent reference of the format, FP8 per
-channel, shared global scales of fused projections, untouched BF16 parts, the quantization_config, and a dequantised
-checkpoint that transformers loads. Needs the build environment (make build-env)."""
+"""Quantisation recipes on tiny checkpoints: every output file equal byte for byte to compressed-tensors' own
+converter and compressors (tests/reference_quantize.py) across architectures, shardings, static schemes and KV-cache
+scales; NVFP4 bytes against an independent reference of the format, FP8 per channel, shared global scales of fused
+projections, untouched BF16 parts, the quantization_config, and a dequantised checkpoint that transformers loads.
+Needs the build environment (make build-env)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ pytest.importorskip("compressed_tensors.entrypoints.convert.converters.magnitude
 
 import torch  # noqa: E402
 
-from build.quantize import Recipe, Rule, dequantize_checkpoint, load_recipe, quantize, quantize_weights  # noqa: E402
+from build.quantize import (Recipe, Rule, dequantize, dequantize_checkpoint, fp8_weights, load_recipe,  # noqa: E402
+                            quantize)
 from build.tiny import make_checkpoint  # noqa: E402
+from reference_quantize import reference_quantize  # noqa: E402  (tests/ is on the path)
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 RECIPE = "build/recipes/moe-4xL4.toml"
@@ -34,10 +38,30 @@ def reference_nvfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     return packed, scale, global_scale.reshape(1)
 
 
+def nvfp4_group(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One fused group's float32 weights through build.nvfp4, as the compressed tensors build.quantize writes."""
+    from build.nvfp4 import quantize as nvfp4
+
+    names = list(weights)
+    flat = torch.cat([w.reshape(-1) for w in weights.values()]).numpy()
+    starts = torch.tensor([0] + [w.numel() for w in weights.values()]).cumsum(0)[:-1].tolist()
+    q = nvfp4(flat, starts, [w.shape[0] for w in weights.values()], [w.shape[1] for w in weights.values()],
+              [0] * len(names), names)
+    out = {}
+    for i, (name, w) in enumerate(weights.items()):
+        at, blocks = int(q.scales_at[i]), w.numel() // 16
+        out[f"{name}.weight_packed"] = torch.from_numpy(q.packed[at * 8:at * 8 + blocks * 8].copy()).reshape(
+            w.shape[0], -1)
+        out[f"{name}.weight_scale"] = torch.from_numpy(q.scales[at:at + blocks].copy()).view(
+            torch.float8_e4m3fn).reshape(w.shape[0], -1)
+        out[f"{name}.weight_global_scale"] = torch.tensor([q.global_scales[i]])
+    return out
+
+
 def test_nvfp4_matches_the_format_definition_byte_for_byte():
     torch.manual_seed(0)
     weights = {"layer.up_proj": torch.randn(64, 128) * 0.02, "layer.gate_proj": torch.randn(64, 128) * 0.05}
-    packed = quantize_weights(weights, "NVFP4A16")
+    packed = nvfp4_group(weights)
     joint = torch.cat([weights["layer.up_proj"], weights["layer.gate_proj"]])  # fused: one global scale
     ref_packed, ref_scale, ref_global = reference_nvfp4(joint)
     assert torch.equal(packed["layer.up_proj.weight_global_scale"], ref_global)
@@ -51,7 +75,7 @@ def test_nvfp4_matches_the_format_definition_byte_for_byte():
 def test_fp8_is_per_channel():
     torch.manual_seed(1)
     w = torch.randn(32, 64)
-    out = quantize_weights({"m.o_proj": w}, "FP8_DYNAMIC")
+    out = fp8_weights({"m.o_proj": w}, "FP8_DYNAMIC")
     scale = w.abs().amax(1, keepdim=True) / 448.0
     assert out["m.o_proj.weight"].dtype == torch.float8_e4m3fn and out["m.o_proj.weight_scale"].shape == (32, 1)
     assert torch.allclose(out["m.o_proj.weight_scale"].float(), scale)
@@ -213,41 +237,75 @@ def test_pack_unpack_round_trips():
     assert torch.equal(unpack_fp4_from_uint8(packed, 4, 16, dtype=torch.float32), values)
     # the whole NVFP4 path: dequantising what was quantised gives every representable value back exactly
     w = (values * 0.25).repeat(2, 4)
-    out = quantize_weights({"m.up_proj": w}, "NVFP4A16")
-    from build.quantize import dequantize
-
+    out = nvfp4_group({"m.up_proj": w})
     assert torch.equal(dequantize(out, "m.up_proj", "NVFP4A16").float(), w)
-    fp8 = quantize_weights({"m.o_proj": w}, "FP8_DYNAMIC")
+    fp8 = fp8_weights({"m.o_proj": w}, "FP8_DYNAMIC")
     assert torch.allclose(dequantize(fp8, "m.o_proj", "FP8_DYNAMIC").float(), w, rtol=0.07, atol=1e-6)
 
 
-def test_auto_device_is_the_cpu_on_a_machine_without_accelerators(tmp_path):
-    """`--device auto` hands compressed-tensors no device (it picks every accelerator, else the CPU); where torch sees
-    none, that is the CPU, and the files equal an explicit `--device cpu` run's byte for byte."""
-    if torch.cuda.is_available():
-        pytest.skip("auto picks the GPU here (test_cuda_quantisation_agrees_with_the_cpus)")
-    source = make_checkpoint(tmp_path / "model", "qwen3_moe", seed=0, max_shard_size="300KB")
-    quantize(source, RECIPE, tmp_path / "auto", report=False)
-    quantize(source, RECIPE, tmp_path / "cpu", report=False, device="cpu")
-    files = sorted(p.name for p in (tmp_path / "cpu").glob("*.safetensors"))
-    assert files and files == sorted(p.name for p in (tmp_path / "auto").glob("*.safetensors"))
-    assert all((tmp_path / "auto" / f).read_bytes() == (tmp_path / "cpu" / f).read_bytes() for f in files)
+STATIC_RECIPE = r"""
+[[rules]]
+pattern = '\.experts\.\d+\.(gate|up|down)_proj$'
+scheme = "NVFP4"
+[[rules]]
+pattern = '\.self_attn\.(q|k|v|o)_proj$'
+scheme = "FP8"
+[[rules]]
+pattern = '\.mlp\.(gate|up|down)_proj$'
+scheme = "NVFP4A16"
+"""
 
 
-@pytest.mark.requires_gpu
-def test_cuda_quantisation_agrees_with_the_cpus(tmp_path, read_tensors):
-    """On CUDA compressed-tensors casts and packs FP4 with its Triton kernels, not the CPU fallback: the same tensors
-    come out (names, dtypes, shapes, scales), and the packed weights agree but for rare rounding ties."""
-    source = make_checkpoint(tmp_path / "model", "qwen3_moe", seed=0, max_shard_size="300KB")
-    on_gpu = quantize(source, RECIPE, tmp_path / "gpu", device="cuda:0")
-    on_cpu = quantize(source, RECIPE, tmp_path / "cpu", device="cpu")
-    gpu, cpu = read_tensors(tmp_path / "gpu"), read_tensors(tmp_path / "cpu")
-    assert {k: (v.dtype, v.shape) for k, v in gpu.items()} == {k: (v.dtype, v.shape) for k, v in cpu.items()}
-    packed = [k for k in cpu if k.endswith("weight_packed")]
-    assert packed
-    same = sum(int((gpu[k] == cpu[k]).sum()) for k in packed) / sum(cpu[k].numel() for k in packed)
-    assert same > 0.999, same
-    for k in cpu:
-        if k.endswith(("weight_scale", "weight_global_scale")):
-            assert torch.equal(gpu[k].float(), cpu[k].float()), k
-    assert all(abs(on_gpu[m]["relative_error"] - on_cpu[m]["relative_error"]) < 1e-3 for m in on_cpu)
+@pytest.mark.parametrize("arch, recipe, shard", [
+    ("qwen3_moe", RECIPE, "300KB"),  # routed experts' gate/up groups across shard boundaries
+    ("qwen3_next", RECIPE, "200KB"),  # linear attention, shared experts, the MTP layer
+    ("qwen3", "build/recipes/dense-27b-4xL4.toml", "400KB"),  # dense MLPs in NVFP4 and FP8 by layer range
+    ("qwen3_moe", "static", "150KB"),  # W4A4 and static FP8: input scales, unrouted experts, KV-cache scales
+])
+def test_files_equal_compressed_tensors_own_converter_byte_for_byte(tmp_path, arch, recipe, shard):
+    """The whole output against the library's converter driving its own compressors tensor by tensor (the path
+    build.quantize took before its NVFP4 loops): the same files, every one byte for byte (shards, index, config.json,
+    tokenizer files), and the same report but for the relative errors' last digits (float32 against bfloat16)."""
+    import random
+
+    source = make_checkpoint(tmp_path / "model", arch, seed=0, max_shard_size=shard)
+    kv = amax = None
+    if recipe == "static":
+        recipe = tmp_path / "static.toml"
+        recipe.write_text(STATIC_RECIPE)
+        names = json.loads((source / "model.safetensors.index.json").read_text())["weight_map"]
+        rng = random.Random(0)
+        amax = {n[:-len(".weight")]: rng.uniform(0.5, 4.0) for n in names
+                if n.endswith(".weight") and ".experts.1." not in n}  # expert 1 never routed: it borrows
+        kv = {f"model.layers.{i}.self_attn.{k}": rng.uniform(0.01, 1.0) for i in range(2) for k in ("k_scale", "v_scale")}
+    ours = quantize(source, recipe, tmp_path / "ours", kv, amax)
+    theirs = reference_quantize(source, recipe, tmp_path / "theirs", kv, amax)
+    files = sorted(p.relative_to(tmp_path / "theirs").as_posix() for p in (tmp_path / "theirs").rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(tmp_path / "ours").as_posix() for p in (tmp_path / "ours").rglob("*")
+                           if p.is_file())
+    assert sum(f.endswith(".safetensors") for f in files) > 2
+    differing = [f for f in files if f != "quantization_report.json"
+                 and (tmp_path / "ours" / f).read_bytes() != (tmp_path / "theirs" / f).read_bytes()]
+    assert differing == []
+    assert {m: (r["scheme"], r.get("input_scale_from")) for m, r in ours.items()} == {
+        m: (r["scheme"], r.get("input_scale_from")) for m, r in theirs.items()}
+    assert all(abs(ours[m]["relative_error"] - theirs[m]["relative_error"]) < 1e-3 for m in theirs)
+    if kv:
+        assert any(r.get("input_scale_from") for r in ours.values())
+
+
+def test_a_quantised_source_or_a_nan_weight_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    source = make_checkpoint(tmp_path / "model", "qwen3_moe", seed=0)
+    quantize(source, RECIPE, tmp_path / "q", report=False)
+    with pytest.raises(ValueError, match=r"q/config.json: quantization_config is set"):
+        quantize(tmp_path / "q", RECIPE, tmp_path / "qq")
+    shard = next(source.glob("*.safetensors"))
+    tensors = load_file(shard)
+    name = "model.layers.1.mlp.experts.2.down_proj.weight"
+    tensors[name][3, 5] = float("nan")
+    save_file(tensors, shard)
+    with pytest.raises(ValueError, match=r"hold NaN or infinite values, e.g. \['model.layers.1.mlp.experts.2.down_proj"):
+        quantize(source, RECIPE, tmp_path / "nan")
+    assert not (tmp_path / "nan").exists()
