@@ -15,7 +15,9 @@ Each runs in its own process (process start and imports included); peak RSS is t
 imports torch: a child's peak starts at its parent's RSS). Baselines in the same run: a plain copy of the files, and
 a safetensors load + save of every shard in a child process (at tiny widths the bytes are few and the per-tensor
 cost dominates, so this is the floor a streaming converter can reach); for the bundle, a plain copy of the
-checkpoint and the wheels it carries. Also the converter's dependency lookup as it was before issue 17 (a scan of
+checkpoint and the wheels it carries; for quantising, the start of a quantise process (imports and the compiled
+loops loaded, which a copy does not pay and which does not grow with the checkpoint), so that the summary can give
+quantising against copying with and without it. Also the converter's dependency lookup as it was before issue 17 (a scan of
 every name per call), timed on 200 calls and extrapolated to one call per tensor.
 With `--width N` the hidden and MLP sizes are N times the tiny ones (build.topology.WIDE): peak memory against the
 bytes of one layer, to check how the README extrapolates it to the real widths.
@@ -106,6 +108,14 @@ TOPOLOGY = """import sys
 from build.topology import write_topology
 write_topology(sys.argv[1], "qwen3-next-80b", seed=0, layers=int(sys.argv[2]), width=int(sys.argv[3]))
 """
+# What a quantise process costs before its first shard: Python, torch, numba, compressed-tensors and the compiled
+# NVFP4 loops loaded from numba's cache. A copy pays none of it; it does not grow with the checkpoint.
+QUANTIZE_START = """import numpy as np
+import build.quantize
+import compressed_tensors.entrypoints.convert.convert_file
+from build import nvfp4
+nvfp4.quantize(np.zeros(32, np.uint16), [0], [1], [32], [0], ["warm"])
+"""
 ROUNDTRIP = """import sys
 from pathlib import Path
 from safetensors.torch import load_file, save_file
@@ -162,6 +172,8 @@ def main() -> None:
         roundtrip_s = time.perf_counter() - start
         row = {"layers": layers, "tensors": len(index), "bytes": size, "copy_s": copy_s, "roundtrip_s": roundtrip_s,
                "old_lookup_s": old_lookup_seconds(sorted(index)) * len(index)}
+        if any(step.startswith("quantize") for step in steps):
+            row["quantize_start_s"] = peak_rss([sys.executable, "-c", QUANTIZE_START])[1]
         if wheels is not None:
             start = time.perf_counter()
             shutil.copytree(wheels, work / "wheels-copy")
@@ -197,9 +209,16 @@ def main() -> None:
         f"{step} {(rows[-1][step][0] / rows[-1]['tensors']) / (base[step][0] / base['tensors']):.2f}"
         for step in steps))
     last = rows[-1]
+    if "quantize_start_s" in last:
+        print("| quantise process start (imports, compiled loops loaded) (s) | " + " | ".join(
+            f"{r['quantize_start_s']:.2f}" for r in rows) + " |")
     for step in [s for s in ("quantize_no_report", "quantize", "prune", "patch") if s in steps]:
-        print(f"{step} at {last['tensors']:,} tensors: {last[step][0] / last['copy_s']:.0f}x the plain copy, "
-              f"{last[step][0] / last['roundtrip_s']:.1f}x the safetensors round trip")
+        print(f"{step} at {last['tensors']:,} tensors ({last['bytes'] / 1e9:.2f} GB): "
+              f"{last[step][0] / last['copy_s']:.1f}x the plain copy, "
+              f"{last[step][0] / last['roundtrip_s']:.2f}x the safetensors round trip")
+        if step.startswith("quantize"):
+            print(f"  less the process start ({last['quantize_start_s']:.1f} s): "
+                  f"{(last[step][0] - last['quantize_start_s']) / last['copy_s']:.1f}x the plain copy")
     if "bundle" in steps:
         plain = last["copy_s"] + last["wheels_copy_s"]
         print(f"bundle at {last['tensors']:,} tensors: {last['bundle'][0] / plain:.1f}x the plain copy of the "
