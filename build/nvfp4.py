@@ -32,6 +32,7 @@ FP4_MAX = 6.0
 FP8_EPS = 0.125  # compressed-tensors' replacement for a zero block scale: torch.finfo(float8_e4m3fn).eps
 FP8_EPS_CODE = np.uint8(0x20)  # 0.125 = 2^-3 as float8_e4m3fn bits: exponent field 4, mantissa 0
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
+E2M1_SIGNED = np.concatenate([E2M1, -E2M1])  # by code: bit 3 is the sign
 # float8_e4m3fn bits 0..126 as the float32 they stand for: m * 2^-9 (subnormal), else (8 + m) * 2^(e - 10)
 E4M3_VALUES = np.array([(c & 7) * 2.0 ** -9 if c < 8 else (8 + (c & 7)) * 2.0 ** ((c >> 3) - 10) for c in range(127)],
                        dtype=np.float32)
@@ -79,45 +80,47 @@ def quantize(source: np.ndarray, starts: np.ndarray, rows: np.ndarray, cols: np.
     bits, shift = (source.view(np.uint32), 0) if source.dtype == np.float32 else (source, 16)
     blocks = rows * cols // 16
     scales_at = np.concatenate([[0], np.cumsum(blocks)[:-1]]).astype(np.int64)
-    packed_at = scales_at * 8
-    per_member = (rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
-    task_member = np.repeat(np.arange(len(rows)), per_member)
-    task_row = (np.arange(len(task_member)) - np.repeat(np.cumsum(per_member) - per_member, per_member)) * ROWS_PER_TASK
     amax_blocks = np.empty(int(blocks.sum()), dtype=np.uint32)
-    _block_amax(bits, shift, starts, rows, cols, scales_at, task_member, task_row, amax_blocks)
-    amax_blocks = amax_blocks.view(np.float32)
     amax = np.full(len(rows), -np.inf, dtype=np.float32)
-    nonempty = blocks > 0
-    if nonempty.any():
-        amax[nonempty] = np.maximum.reduceat(amax_blocks, scales_at[nonempty])
-    bad = [names[i] for i in np.flatnonzero(~np.isfinite(amax) & nonempty)]
+    packed = np.empty(int(blocks.sum()) * 8, dtype=np.uint8)
+    scales = np.empty(int(blocks.sum()), dtype=np.uint8)
+    task_member, task_row = _tasks(np.arange(len(rows)), rows)
+    task_amax = np.zeros(len(task_member), dtype=np.uint32)
+    _block_amax(bits, shift, starts, rows, cols, scales_at, task_member, task_row, amax_blocks, task_amax)
+    np.maximum.at(amax, task_member, task_amax.view(np.float32))  # a NaN propagates
+    bad = [names[i] for i in np.flatnonzero(~np.isfinite(amax) & (blocks > 0))]
     if bad:
         raise ValueError(f"{len(bad)} weight(s) hold NaN or infinite values, e.g. {bad[:3]}: not quantised")
     group_amax = np.zeros(int(groups.max(initial=-1)) + 1, dtype=np.float32)
-    np.maximum.at(group_amax, groups, amax)
+    np.maximum.at(group_amax, groups, np.maximum(amax, 0))
     global_scales = global_scale(group_amax)[groups].astype(np.float32)
-    packed = np.empty(int(blocks.sum()) * 8, dtype=np.uint8)
-    scales = np.empty(int(blocks.sum()), dtype=np.uint8)
     task_errors = np.zeros((len(task_member) if error else 0, 2), dtype=np.float64)
-    _pack(bits, shift, starts, rows, cols, scales_at, task_member, task_row, amax_blocks, global_scales, scales,
-          packed, task_errors, error)
+    _pack(bits, shift, starts, rows, cols, scales_at, task_member, task_row, amax_blocks.view(np.float32),
+          global_scales, scales, packed, task_errors, error)
     errors = None
     if error:
         errors = np.zeros((len(rows), 2), dtype=np.float64)
         np.add.at(errors, task_member, task_errors)
-    return Quantized(packed, packed_at, scales, scales_at, global_scales, amax, errors)
+    return Quantized(packed, scales_at * 8, scales, scales_at, global_scales, amax, errors)
+
+
+def _tasks(members: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The parallel loops' tasks: each member's rows in runs of ROWS_PER_TASK, as (member, first row) arrays."""
+    per_member = (rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+    task_member = np.repeat(members, per_member)
+    first = np.repeat(np.cumsum(per_member) - per_member, per_member)
+    return task_member, (np.arange(len(task_member)) - first) * ROWS_PER_TASK
 
 
 @njit(inline="always")
-def _as_float(source, start, count, shift, scratch):
-    """`count` weights from `source[start:]` widened to float32 bits in the scratch buffer, seen as float32."""
+def _widen(source, start, count, shift, bits):
+    """`count` weights from `source[start:]` widened to float32 bits into `bits` (a uint32 view of a float32 row)."""
     for j in range(count):
-        scratch[j] = np.uint32(source[start + j]) << np.uint32(shift)
-    return scratch.view(np.float32)
+        bits[j] = np.uint32(source[start + j]) << np.uint32(shift)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _block_amax(source, shift, starts, rows, cols, scales_at, task_member, task_row, out):
+def _block_amax(source, shift, starts, rows, cols, scales_at, task_member, task_row, out, task_out):
     """max |x| of every block of 16, on the bits: without the sign bit a float's bits order as its magnitude does (a
     NaN's are above infinity's, so a NaN wins), and `out` (uint32) receives them as float32 bits."""
     magnitude = np.uint32(0x7FFFFFFF) >> np.uint32(shift)
@@ -132,6 +135,7 @@ def _block_amax(source, shift, starts, rows, cols, scales_at, task_member, task_
                 for j in range(row + b * 16, row + b * 16 + 16):
                     best = max(best, np.uint32(source[j]) & magnitude)
                 out[at + b] = best << np.uint32(shift)
+                task_out[task] = max(task_out[task], best << np.uint32(shift))
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -140,40 +144,65 @@ def _pack(source, shift, starts, rows, cols, scales_at, task_member, task_row, a
     for task in prange(task_member.shape[0]):
         member = task_member[task]
         columns = cols[member]
-        g = global_scales[member]
-        scratch = np.empty(columns, dtype=np.uint32)
+        first, last = task_row[task], min(rows[member], task_row[task] + ROWS_PER_TASK)
+        at = scales_at[member] + first * (columns // 16)  # the task's blocks are contiguous
+        divisors = _block_scales(amax[at:at + (last - first) * (columns // 16)], global_scales[member],
+                                 scales[at:at + (last - first) * (columns // 16)])
+        x = np.empty(columns, dtype=np.float32)  # one row as float32, written through its bits
+        bits = x.view(np.uint32)
         codes = np.empty(columns, dtype=np.uint8)
-        divisors = np.empty(columns // 16, dtype=np.float32)
-        wanted = np.empty(columns // 16, dtype=np.float32)  # block scales before rounding, and as bits
-        wanted_bits = wanted.view(np.uint32)
-        rounded = np.empty(columns // 16, dtype=np.float32)  # the subnormal rounding's sum, and as bits
-        rounded_bits = rounded.view(np.uint32)
         squared_error, squared_norm = 0.0, 0.0
-        for r in range(task_row[task], min(rows[member], task_row[task] + ROWS_PER_TASK)):
-            x = _as_float(source, starts[member] + r * columns, columns, shift, scratch)
-            at = scales_at[member] + r * (columns // 16)
-            for b in range(columns // 16):  # calculate_qparams: global * (amax / 6), clamped to FP8's range
-                wanted[b] = min(max(g * (amax[at + b] / np.float32(FP4_MAX)), np.float32(-FP8_MAX)),
-                                np.float32(FP8_MAX))
+        for r in range(first, last):
+            _widen(source, starts[member] + r * columns, columns, shift, bits)
+            row_at = (r - first) * (columns // 16)
             for b in range(columns // 16):
-                code = _e4m3(wanted, wanted_bits, rounded, rounded_bits, b)
-                scales[at + b] = code
-                divisors[b] = np.float32(E4M3_VALUES[code] / g)  # the quantiser's `scale / global_scale`
-            for b in range(columns // 16):  # kept apart from the scales: this loop vectorises
-                divisor = divisors[b]
+                divisor = divisors[row_at + b]
                 for j in range(b * 16, b * 16 + 16):
                     codes[j] = _code(x[j] / divisor)
+            out = (at + row_at) * 8
             for k in range(columns // 2):
-                packed[at * 8 + k] = codes[2 * k] | (codes[2 * k + 1] << np.uint8(4))
-            if error:
-                for j in range(columns):
-                    magnitude = E2M1[codes[j] & 7] * divisors[j // 16]
-                    restored = -magnitude if codes[j] & 8 else magnitude
-                    squared_error += (np.float64(restored) - np.float64(x[j])) ** 2
-                    squared_norm += np.float64(x[j]) ** 2
+                packed[out + k] = codes[2 * k] | (codes[2 * k + 1] << np.uint8(4))
+            if error:  # per block in units of its divisor, in float32 (vectorises; no overflow), summed in float64
+                for b in range(columns // 16):
+                    divisor = divisors[row_at + b]
+                    block_error, block_norm = np.float32(0.0), np.float32(0.0)
+                    for j in range(b * 16, b * 16 + 16):
+                        scaled = x[j] / divisor
+                        block_error += (E2M1_SIGNED[codes[j]] - scaled) * (E2M1_SIGNED[codes[j]] - scaled)
+                        block_norm += scaled * scaled
+                    squared_error += np.float64(block_error) * np.float64(divisor) ** 2
+                    squared_norm += np.float64(block_norm) * np.float64(divisor) ** 2
         if error:
             errors[task, 0] = squared_error
             errors[task, 1] = squared_norm
+
+
+@njit(inline="always")
+def _block_scales(amax, g, scales):
+    """The FP8 block scales of `amax` (blocks of one weight, global scale g) into `scales` as float8_e4m3fn bits, and
+    each block's divisor `scale / g` (float32): calculate_qparams' `g * (amax / 6)`, clamped to FP8's range, rounded
+    as torch rounds to E4M3 (c10/util/Float8_e4m3fn.h `fp8e4m3fn_from_fp32_value`, step for step on the float32
+    bits: to nearest even; below 2^-6 by adding 2^14 in float32, which rounds to a multiple of 2^-9), a zero
+    replaced by FP8's eps. Simple loops, so that they vectorise."""
+    count = amax.shape[0]
+    wanted = np.empty(count, dtype=np.float32)
+    for b in range(count):
+        wanted[b] = min(max(g * (amax[b] / np.float32(FP4_MAX)), np.float32(-FP8_MAX)), np.float32(FP8_MAX))
+    rounded = np.empty(count, dtype=np.float32)
+    for b in range(count):
+        rounded[b] = wanted[b] + np.float32(2.0 ** 14)
+    wanted_bits, rounded_bits = wanted.view(np.uint32), rounded.view(np.uint32)
+    for b in range(count):
+        bits = wanted_bits[b]
+        normal = (bits + np.uint32(2 ** 32 - (120 << 23)) + np.uint32(0x7FFFF) + ((bits >> np.uint32(20)) & np.uint32(1))
+                  ) >> np.uint32(20)  # + ((7 - 127) << 23) in uint32 arithmetic: the mantissa to 3 bits, to even
+        subnormal = rounded_bits[b] - np.uint32(141 << 23)
+        code = np.uint8((subnormal if bits < np.uint32(121 << 23) else normal) & np.uint32(0xFF))
+        scales[b] = FP8_EPS_CODE if code == 0 else code
+    divisors = np.empty(count, dtype=np.float32)
+    for b in range(count):
+        divisors[b] = E4M3_VALUES[scales[b]] / g  # the quantiser's `scale / global_scale`
+    return divisors
 
 
 @njit(inline="always")
@@ -184,20 +213,3 @@ def _code(scaled):
     code = ((m > 0.25) + (m >= 0.75) + (m > 1.25) + (m >= 1.75) + (m > 2.5) + (m >= 3.5) + (m > 5.0)
             + 8 * (scaled < 0))
     return np.uint8(code)
-
-
-@njit(inline="always")
-def _e4m3(wanted, wanted_bits, rounded, rounded_bits, b):
-    """Block scale b (non-negative, at most 448) as float8_e4m3fn bits, zero replaced by FP8's eps: torch's own
-    conversion step for step on the float32 bits (c10/util/Float8_e4m3fn.h `fp8e4m3fn_from_fp32_value`: round to
-    nearest even; below 2^-6 by adding 2^14 in float32, which rounds to a multiple of 2^-9)."""
-    bits = wanted_bits[b]
-    if bits < np.uint32(121 << 23):
-        rounded[b] = wanted[b] + np.float32(2.0 ** 14)
-        code = np.uint8(rounded_bits[b] - np.uint32(141 << 23))
-    else:
-        odd = (bits >> np.uint32(20)) & np.uint32(1)
-        # + ((7 - 127) << 23) in uint32 arithmetic, + 0x7FFFF, + odd: round the mantissa to 3 bits, to even
-        code = np.uint8(((bits + np.uint32(2 ** 32 - (120 << 23)) + np.uint32(0x7FFFF) + odd) >> np.uint32(20))
-                        & np.uint32(0xFF))
-    return FP8_EPS_CODE if code == 0 else code
