@@ -87,7 +87,8 @@ def quantize(source: np.ndarray, starts: np.ndarray, rows: np.ndarray, cols: np.
     task_member, task_row = _tasks(np.arange(len(rows)), rows)
     task_amax = np.zeros(len(task_member), dtype=np.uint32)
     _block_amax(bits, shift, starts, rows, cols, scales_at, task_member, task_row, amax_blocks, task_amax)
-    np.maximum.at(amax, task_member, task_amax.view(np.float32))  # a NaN propagates
+    with np.errstate(invalid="ignore"):  # a NaN propagates, to be refused just below
+        np.maximum.at(amax, task_member, task_amax.view(np.float32))
     bad = [names[i] for i in np.flatnonzero(~np.isfinite(amax) & (blocks > 0))]
     if bad:
         raise ValueError(f"{len(bad)} weight(s) hold NaN or infinite values, e.g. {bad[:3]}: not quantised")
@@ -181,28 +182,34 @@ def _pack(source, shift, starts, rows, cols, scales_at, task_member, task_row, a
 def _block_scales(amax, g, scales):
     """The FP8 block scales of `amax` (blocks of one weight, global scale g) into `scales` as float8_e4m3fn bits, and
     each block's divisor `scale / g` (float32): calculate_qparams' `g * (amax / 6)`, clamped to FP8's range, rounded
-    as torch rounds to E4M3 (c10/util/Float8_e4m3fn.h `fp8e4m3fn_from_fp32_value`, step for step on the float32
-    bits: to nearest even; below 2^-6 by adding 2^14 in float32, which rounds to a multiple of 2^-9), a zero
-    replaced by FP8's eps. Simple loops, so that they vectorise."""
+    to E4M3, a zero replaced by FP8's eps. Simple loops, so that they vectorise."""
     count = amax.shape[0]
     wanted = np.empty(count, dtype=np.float32)
     for b in range(count):
         wanted[b] = min(max(g * (amax[b] / np.float32(FP4_MAX)), np.float32(-FP8_MAX)), np.float32(FP8_MAX))
-    rounded = np.empty(count, dtype=np.float32)
+    _to_e4m3(wanted, scales)
+    divisors = np.empty(count, dtype=np.float32)
     for b in range(count):
+        divisors[b] = E4M3_VALUES[scales[b]] / g  # the quantiser's `scale / global_scale`
+    return divisors
+
+
+@njit(inline="always")
+def _to_e4m3(wanted, codes):
+    """Non-negative float32 values at most 448 as float8_e4m3fn bits, a zero as FP8's eps: torch's conversion
+    (c10/util/Float8_e4m3fn.h `fp8e4m3fn_from_fp32_value`) step for step on the float32 bits, to nearest even;
+    below 2^-6 by adding 2^14 in float32, which rounds to a multiple of 2^-9."""
+    rounded = np.empty(wanted.shape[0], dtype=np.float32)
+    for b in range(wanted.shape[0]):
         rounded[b] = wanted[b] + np.float32(2.0 ** 14)
     wanted_bits, rounded_bits = wanted.view(np.uint32), rounded.view(np.uint32)
-    for b in range(count):
+    for b in range(wanted.shape[0]):
         bits = wanted_bits[b]
         normal = (bits + np.uint32(2 ** 32 - (120 << 23)) + np.uint32(0x7FFFF) + ((bits >> np.uint32(20)) & np.uint32(1))
                   ) >> np.uint32(20)  # + ((7 - 127) << 23) in uint32 arithmetic: the mantissa to 3 bits, to even
         subnormal = rounded_bits[b] - np.uint32(141 << 23)
         code = np.uint8((subnormal if bits < np.uint32(121 << 23) else normal) & np.uint32(0xFF))
-        scales[b] = FP8_EPS_CODE if code == 0 else code
-    divisors = np.empty(count, dtype=np.float32)
-    for b in range(count):
-        divisors[b] = E4M3_VALUES[scales[b]] / g  # the quantiser's `scale / global_scale`
-    return divisors
+        codes[b] = FP8_EPS_CODE if code == 0 else code
 
 
 @njit(inline="always")
