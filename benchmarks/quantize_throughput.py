@@ -26,15 +26,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from build_scale import QUANTIZE_START  # noqa: E402
 from prune_and_calibrate import peak_rss  # noqa: E402
 from targets import Targets, spread  # noqa: E402
 
-START = """import numpy as np
-import build.quantize
-import compressed_tensors.entrypoints.convert.convert_file
-from build import nvfp4
-nvfp4.quantize(np.zeros(32, np.uint16), [0], [1], [32], [0], ["warm"])
-"""
 BASELINE = """
 import sys, torch
 from pathlib import Path
@@ -83,7 +78,7 @@ def main() -> int:
             ours.append(seconds)
             peaks.append(peak)
             shutil.rmtree(args.workdir / "q")
-            starts.append(peak_rss([sys.executable, "-c", START])[1])
+            starts.append(peak_rss([sys.executable, "-c", QUANTIZE_START])[1])
             begin = time.perf_counter()
             shutil.copytree(source, args.workdir / "copy")
             copies.append(time.perf_counter() - begin)

@@ -22,6 +22,14 @@ from reference_quantize import reference_quantize  # noqa: E402  (tests/ is on t
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 RECIPE = "build/recipes/moe-4xL4.toml"
+STATIC_RULES = r"""
+[[rules]]
+pattern = '\.experts\.\d+\.(gate|up|down)_proj$'
+scheme = "NVFP4"
+[[rules]]
+pattern = '\.self_attn\.(q|k|v|o)_proj$'
+scheme = "FP8"
+"""
 
 
 def reference_nvfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -203,14 +211,7 @@ def test_static_schemes_carry_calibrated_input_scales(tmp_path, arc_data, read_t
     assert amax["model.layers.0.self_attn.q_proj"] == amax["model.layers.0.self_attn.k_proj"]  # the same input
     assert amax["model.layers.0.mlp.experts.3.gate_proj"] > 0 and "lm_head" in amax
     recipe = tmp_path / "static.toml"
-    recipe.write_text(r"""
-[[rules]]
-pattern = '\.experts\.\d+\.(gate|up|down)_proj$'
-scheme = "NVFP4"
-[[rules]]
-pattern = '\.self_attn\.(q|k|v|o)_proj$'
-scheme = "FP8"
-""")
+    recipe.write_text(STATIC_RULES)
     with pytest.raises(ValueError, match="needs calibrated inputs"):
         quantize(source, recipe, tmp_path / "nope")
     quantize(source, recipe, tmp_path / "q", input_amax=amax)
@@ -243,17 +244,10 @@ def test_pack_unpack_round_trips():
     assert torch.allclose(dequantize(fp8, "m.o_proj", "FP8_DYNAMIC").float(), w, rtol=0.07, atol=1e-6)
 
 
-STATIC_RECIPE = r"""
-[[rules]]
-pattern = '\.experts\.\d+\.(gate|up|down)_proj$'
-scheme = "NVFP4"
-[[rules]]
-pattern = '\.self_attn\.(q|k|v|o)_proj$'
-scheme = "FP8"
-[[rules]]
+STATIC_RECIPE = STATIC_RULES + r"""[[rules]]
 pattern = '\.mlp\.(gate|up|down)_proj$'
 scheme = "NVFP4A16"
-"""
+"""  # and dense MLPs, where a model has them
 
 
 @pytest.mark.parametrize("arch, recipe, shard", [
