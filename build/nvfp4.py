@@ -5,7 +5,8 @@ assignments per element each (~10 M elements/s on one core: ~4 hours for an 80B 
 a few dozen small torch calls for its scales, and even a vectorised torch version of the same arithmetic makes ~18
 passes over the weights (~100 M elements/s here). Two compiled loops (numba) read the weights twice instead: once for
 the block maxima, once to round, pack and measure the error, over all the rows handed in (a shard's expert
-projections together), on every core; the FP8 block scales are made in the second loop, with torch's own rounding to E4M3.
+projections together), on every core; the FP8 block scales are made in the second loop, rounded to E4M3 as torch
+rounds (its conversion's steps on the float32 bits).
 
 The library's steps, each reproduced with the same IEEE operations (tests/test_nvfp4.py compares the bytes with
 `generate_gparam`, `calculate_qparams` and `NVFP4PackedCompressor.compress` on ties, signed zeros, zero blocks and
@@ -51,17 +52,15 @@ def global_scale(amax: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Quantized:
-    """NVFP4 of several weights quantised together, in flat arrays with each weight's start: `packed[packed_at[i]:]`
-    holds weight i's codes (rows x cols/2), `scales[scales_at[i]:]` its block scales (rows x cols/16, float8_e4m3fn
-    bits), `global_scales[i]` its group's global scale, `amax[i]` its own max |weight|; `errors[i]` the squared error
-    of its dequantised weights and its squared norm (the report's relative error; None unless asked)."""
+    """NVFP4 of several weights quantised together, in flat arrays: weight i's block scales (rows x cols/16,
+    float8_e4m3fn bits) start at `scales[scales_at[i]]`, its codes (rows x cols/2, two a byte) at
+    `packed[8 * scales_at[i]]`; `global_scales[i]` is its group's global scale, `errors[i]` the squared error of its
+    dequantised weights and its squared norm (the report's relative error; None unless asked)."""
 
     packed: np.ndarray
-    packed_at: np.ndarray
     scales: np.ndarray
     scales_at: np.ndarray
     global_scales: np.ndarray
-    amax: np.ndarray
     errors: np.ndarray | None
 
 
@@ -70,8 +69,8 @@ def quantize(source: np.ndarray, starts: np.ndarray, rows: np.ndarray, cols: np.
     """Quantise the weights that lie in `source` (flat: float32, or bfloat16 bits as uint16) at element offsets
     `starts`, each `rows[i]` x `cols[i]` (cols a multiple of 16); `groups[i]` numbers the fused group of weight i, whose
     members share one global scale (every member of a group must be among the weights); `names` name them in errors
-    (a weight holding a NaN or an infinity is refused: the library would write garbage). Memory: the outputs (~0.28
-    of the bfloat16 input) and a row per core; nothing is copied from `source`."""
+    (a weight holding a NaN or an infinity is refused: the library would write garbage). Memory: the outputs (~0.28x
+    the bfloat16 input's bytes), the block maxima (~0.13x) and a row per core; nothing is copied from `source`."""
     starts, rows, cols, groups = (np.asarray(a, dtype=np.int64) for a in (starts, rows, cols, groups))
     if np.any(cols % 16):
         raise ValueError(f"NVFP4 needs a multiple of 16 columns, got {sorted(set(cols[cols % 16 != 0].tolist()))}")
@@ -102,7 +101,7 @@ def quantize(source: np.ndarray, starts: np.ndarray, rows: np.ndarray, cols: np.
     if error:
         errors = np.zeros((len(rows), 2), dtype=np.float64)
         np.add.at(errors, task_member, task_errors)
-    return Quantized(packed, scales_at * 8, scales, scales_at, global_scales, amax, errors)
+    return Quantized(packed, scales, scales_at, global_scales, errors)
 
 
 def _tasks(members: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -113,6 +113,15 @@ def checkpoint_files(model: Path) -> dict[str, Path]:
             if p.is_file() and not str(p.relative_to(model)).startswith((".cache", ".gitattributes"))}
 
 
+def copy_other_files(files: dict[str, Path], target: Path) -> None:
+    """Copy every file of a checkpoint but its safetensors shards into `target`, as compressed-tensors' converter
+    does (a name ending in "safetensors" is a shard)."""
+    for name, path in files.items():
+        if not name.endswith("safetensors"):
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target / name)
+
+
 def weight_map(files: dict[str, Path]) -> dict[str, str]:
     """Tensor name -> shard file name: the index's, or the single `model.safetensors`'s header."""
     index = [path for name, path in files.items() if name.endswith("safetensors.index.json")]
@@ -246,10 +255,7 @@ def prune(model: str | Path, list_path: str | Path, out: str | Path, on_shard=No
     partial.mkdir(parents=True)
     shards = [name for name in files if name.endswith(".safetensors")]
     total, new_map = 0, {}
-    for name, path in files.items():
-        if not name.endswith(".safetensors"):
-            (partial / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, partial / name)
+    copy_other_files(files, partial)
     for done, name in enumerate(shards, 1):
         sizes = prune_shard(Path(files[name]), partial / name, names, retained)
         total += sum(sizes.values())

@@ -24,8 +24,8 @@ library's compressors tensor by tensor) writes, byte for byte (tests/test_quanti
 tests/reference_quantize.py, and compares every file), but much faster: the shards are read by their headers and
 memory-mapped (no torch load), each output shard holds what the converter's would (a fused group's members travel to
 its first member's shard), kept tensors go to safetensors' serialiser by pointer, and a shard's NVFP4 weights are
-quantised together by two compiled loops (build.nvfp4: the library's CPU fallbacks run ~10 M elements/s, ~4 hours of
-an 80B model's experts on one core). FP8 weights (attention, a few per layer) go through the library's own
+quantised together by two compiled loops (build.nvfp4: the library's CPU fallbacks run ~10 M elements/s each, ~4
+hours of an 80B model's experts on one core). FP8 weights (attention, a few per layer) go through the library's own
 `FloatQuantizationCompressor`. The `quantization_config` in config.json and the index are written by the library's
 writers. A per-tensor report (`quantization_report.json`: scheme, relative error of the dequantised weight, computed
 in float32 where the library dequantises in bfloat16) comes with the output.
@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from build.library_logs import show_library_logs_from
-from build.prune import DTYPES, checkpoint_files, read_header, weight_map
+from build.prune import DTYPES, checkpoint_files, copy_other_files, read_header, weight_map
 
 if TYPE_CHECKING:
     import torch
@@ -348,14 +348,15 @@ def quantize_shard(shards: Shards, names: list[str], schemes: dict[str, str], gr
               for key, modules in groups.items() if key[1] in STATIC}
     for (fused, scheme), modules in groups.items():
         if scheme.startswith("FP8"):
-            state = fp8_weights({m: shards.tensor(f"{m}.weight") for m in modules}, scheme, extras.get((fused, scheme)))
+            loaded = {m: shards.tensor(f"{m}.weight") for m in modules}
+            state = fp8_weights(loaded, scheme, extras.get((fused, scheme)))
             for k, v in state.items():
                 put(k, v)
             for module in modules:
                 row = report.setdefault(module, {})
                 row["scheme"] = scheme
                 if with_error:
-                    original = shards.tensor(f"{module}.weight").to(torch.float32)
+                    original = loaded[module].to(torch.float32)
                     restored = dequantize(state, module, scheme).to(torch.float32)
                     row["relative_error"] = float((restored - original).norm() / original.norm().clamp(min=1e-12))
     members = [(key, m) for key, modules in groups.items() if key[1].startswith("NVFP4") for m in modules]
@@ -436,10 +437,7 @@ def quantize(model: str | Path, recipe_path: str | Path, out: str | Path,
     if partial.exists():
         shutil.rmtree(partial)
     partial.mkdir(parents=True)
-    for name, path in files.items():
-        if not name.endswith("safetensors"):
-            (partial / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, partial / name)
+    copy_other_files(files, partial)
     rows: dict[str, dict] = {}
     largest = largest_expert_amax(input_amax or {})
     total, new_map = 0, {}
