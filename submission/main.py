@@ -139,9 +139,12 @@ class Run:
         self.sandbox: Sandbox | None = None
         self.not_engine: set[int] = set()  # processes that were there before the engine
 
-    def flush_stats(self, engine) -> None:
+    def flush_stats(self, engine, final: bool = False) -> None:
+        """Append the engine's finished windows to the stats file; `final` ends the one in progress too."""
         if self.stats_path is None:
             return
+        if final:
+            engine.meter.close()
         new = engine.meter.windows[self._windows_written:]
         if new:
             with open(self.stats_path, "a", encoding="utf-8") as f:
@@ -230,6 +233,7 @@ class Run:
             finally:
                 if log is not None:
                     log.close()
+                self.flush_stats(attempts.engine, final=True)
                 await self.close_engine(attempts.engine)
                 if self.unwritten:
                     self.update_answers(())  # one more try at the end
@@ -243,7 +247,7 @@ class Run:
     async def restart_engine(self, attempts: Attempts) -> bool:
         """Close the dead engine, end every process it left (its GPU memory is free once they have exited), start a
         new one. False, with the reason printed, when the new one does not start."""
-        self.flush_stats(attempts.engine)
+        self.flush_stats(attempts.engine, final=True)
         await self.close_engine(attempts.engine)
         spare = self.not_engine | ({self.sandbox.server_pid} if self.sandbox and self.sandbox.server_pid else set())
         left = leftovers(os.getpid(), spare)

@@ -9,7 +9,7 @@ import json
 import pytest
 
 import submission.main as solver
-from submission.attempts import AttemptRecord
+from submission.attempts import AttemptRecord, read_log
 from submission.config import EngineConfig, Profile, PromptConfig
 from submission.engines.base import EngineDead, ThroughputMeter
 from submission.engines.replay import ReplayEngine
@@ -122,3 +122,21 @@ def test_replay_meter_windows_reach_the_stats_file(tasks, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "run.stats.jsonl").read_text().splitlines()]
     assert rows and {"start", "seconds", "tokens", "running"} <= set(rows[0])
     assert sum(r["tokens"] for r in rows) > 0 and max(r["running"] for r in rows) > 0
+    # every generated token, the last attempt's too: the window in progress at the end is written as a shorter one
+    assert sum(r["tokens"] for r in rows) == sum(r.tokens for r in read_log(tmp_path / "run.jsonl"))
+
+
+def test_the_meter_ends_its_window_in_progress_as_a_shorter_one():
+    meter = ThroughputMeter(window_s=2.0, _start=100.0, _last=100.0)
+    meter.add(tokens=5, running=2, prompt_tokens=7, context=10.0, now=100.5)
+    meter.add(tokens=3, running=1, context=4.0, now=101.0)
+    meter.close(now=103.0)  # one whole window (100-102, 8 tokens), then 102-103 with none
+    assert [(w.start, w.seconds, w.tokens, w.prompt_tokens) for w in meter.windows] == [(100.0, 2.0, 8, 7),
+                                                                                         (102.0, 1.0, 0, 0)]
+    assert meter.windows[0].running == (2 * 0.5 + 1 * 1.0) / 2.0 and meter.windows[1].running == 1.0
+    assert meter.windows[0].context == (10.0 * 0.5 + 4.0 * 1.0) / 2.0 and meter.windows[1].context == 4.0
+    meter.add(tokens=4, running=0, now=103.5)
+    meter.close(now=103.5)
+    assert (meter.windows[-1].start, meter.windows[-1].seconds, meter.windows[-1].tokens) == (103.0, 0.5, 4)
+    meter.close(now=103.5)  # nothing since: no empty window
+    assert len(meter.windows) == 3

@@ -82,6 +82,18 @@ class ThroughputMeter:
         if context is not None:
             self._context = context
 
+    def close(self, now: float | None = None) -> None:
+        """End the window in progress at `now` as a shorter one, so the statistics hold a run's last tokens too."""
+        now = time.monotonic() if now is None else now
+        self.add(now=now)  # the whole windows before `now`
+        seconds = now - self._start
+        if seconds > 0 and (self._tokens or self._prompt or self._running_area):
+            self.windows.append(StatsWindow(self._start, seconds, self._tokens, self._running_area / seconds,
+                                            self._prompt, self._context_area / seconds))
+        self._start = self._last = now
+        self._tokens = self._prompt = 0
+        self._running_area = self._context_area = 0.0
+
 
 class EngineDead(RuntimeError):
     """The engine as a whole is gone (a crashed vLLM core, a dead worker thread): the solver restarts it once."""
