@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from build.checkpoint import DTYPES, CheckpointError, checkpoint_files, copy_other_files, read_header, weight_map
 
 ROUTER = r"(?:^|\.)layers\.(\d+)\.mlp\.gate\.weight$"
 EXPERT = r"\.mlp\.experts\.\d+\.(?:gate|up|down)_proj\.weight$"
@@ -41,13 +42,9 @@ MTP_ROUTER = r"^mtp\..*\.mlp\.gate\.weight$"
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "moe_num_experts", "n_routed_experts")  # compressed-tensors'
 PER_TOKEN_KEYS = ("top_k_experts", "num_experts_per_tok")
 EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
-# safetensors' header dtypes -> the names its serialiser takes (torch's dtype names)
-DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64", "I64": "int64", "I32": "int32",
-          "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn",
-          "F8_E5M2": "float8_e5m2"}
 
 
-class PruneError(ValueError):
+class PruneError(CheckpointError):
     """A list or checkpoint that cannot be pruned; the message names the file and what is wrong."""
 
 
@@ -104,37 +101,6 @@ def expert_to_router(expert_names: list[str], routers: set[str], source: str) ->
     return out
 
 
-def checkpoint_files(model: Path) -> dict[str, Path]:
-    """Every file of a checkpoint folder by its path relative to the folder (as compressed-tensors' converter copies
-    them: recursively, less `.cache` and `.gitattributes`)."""
-    if not (model / "config.json").is_file():
-        raise PruneError(f"{model}: no config.json (not a checkpoint folder)")
-    return {str(p.relative_to(model)): p for p in sorted(model.rglob("*"))
-            if p.is_file() and not str(p.relative_to(model)).startswith((".cache", ".gitattributes"))}
-
-
-def copy_other_files(files: dict[str, Path], target: Path) -> None:
-    """Copy every file of a checkpoint but its safetensors shards into `target`, as compressed-tensors' converter
-    does (a name ending in "safetensors" is a shard)."""
-    for name, path in files.items():
-        if not name.endswith("safetensors"):
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, target / name)
-
-
-def weight_map(files: dict[str, Path]) -> dict[str, str]:
-    """Tensor name -> shard file name: the index's, or the single `model.safetensors`'s header."""
-    index = [path for name, path in files.items() if name.endswith("safetensors.index.json")]
-    if index:
-        try:
-            return json.loads(index[0].read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as err:
-            raise PruneError(f"{index[0]}: no weight_map ({err})") from None
-    if "model.safetensors" not in files:
-        raise PruneError(f"{next(iter(files.values())).parent}: neither a safetensors index nor model.safetensors")
-    return {name: "model.safetensors" for name in read_header(files["model.safetensors"])[1] if name != "__metadata__"}
-
-
 def config_value(config: dict, keys: tuple[str, ...]) -> tuple[str, int] | None:
     """The first of `keys` the config has (top level, then text_config) and its value. Pure."""
     for key in keys:
@@ -186,16 +152,6 @@ def kept_tensors(names: list[str], retained: dict[str, list[int]], source: str) 
         if new is not None:
             out[name] = f"{name[:match.start()]}.experts.{new}.{name[match.end():]}"
     return out
-
-
-def read_header(path: Path) -> tuple[int, dict]:
-    """A safetensors file's header and where its data begins (the format: 8-byte little-endian length, JSON)."""
-    with open(path, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        try:
-            return 8 + size, json.loads(f.read(size))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise PruneError(f"{path}: not a safetensors file ({err})") from None
 
 
 def prune_shard(source: Path, target: Path, names: dict[str, str], retained: dict[str, list[int]]) -> dict[str, int]:
@@ -288,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = prune(args.model, args.list, args.out,
                     on_shard=lambda done, total: line.update(f"prune: shard {done}/{total}", final=done == total))
-    except PruneError as err:
+    except CheckpointError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"{out} (pruned in {time.perf_counter() - started:.2f} s)")

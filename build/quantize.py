@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from build.library_logs import show_library_logs_from
-from build.prune import DTYPES, checkpoint_files, copy_other_files, read_header, weight_map
+from build.checkpoint import DTYPES, checkpoint_files, copy_other_files, read_header, weight_map
 
 if TYPE_CHECKING:
     import torch
