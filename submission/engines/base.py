@@ -64,14 +64,7 @@ class ThroughputMeter:
             context: float | None = None, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         while now >= self._start + self.window_s:
-            end = self._start + self.window_s
-            self._running_area += self._running * (end - self._last)
-            self._context_area += self._context * (end - self._last)
-            self.windows.append(StatsWindow(self._start, self.window_s, self._tokens,
-                                            self._running_area / self.window_s, self._prompt,
-                                            self._context_area / self.window_s))
-            self._start, self._last, self._tokens, self._prompt = end, end, 0, 0
-            self._running_area = self._context_area = 0.0
+            self._end_window(self._start + self.window_s)
         self._running_area += self._running * (now - self._last)
         self._context_area += self._context * (now - self._last)
         self._last = now
@@ -86,12 +79,17 @@ class ThroughputMeter:
         """End the window in progress at `now` as a shorter one, so the statistics hold a run's last tokens too."""
         now = time.monotonic() if now is None else now
         self.add(now=now)  # the whole windows before `now`
-        seconds = now - self._start
-        if seconds > 0 and (self._tokens or self._prompt or self._running_area):
-            self.windows.append(StatsWindow(self._start, seconds, self._tokens, self._running_area / seconds,
-                                            self._prompt, self._context_area / seconds))
-        self._start = self._last = now
-        self._tokens = self._prompt = 0
+        if now > self._start and (self._tokens or self._prompt or self._running_area):
+            self._end_window(now)
+
+    def _end_window(self, end: float) -> None:
+        """Append the window from its start to `end` (the running and context areas counted up to `end`)."""
+        self._running_area += self._running * (end - self._last)
+        self._context_area += self._context * (end - self._last)
+        seconds = end - self._start
+        self.windows.append(StatsWindow(self._start, seconds, self._tokens, self._running_area / seconds,
+                                        self._prompt, self._context_area / seconds))
+        self._start, self._last, self._tokens, self._prompt = end, end, 0, 0
         self._running_area = self._context_area = 0.0
 
 
