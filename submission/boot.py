@@ -25,7 +25,6 @@ instead of `submission.main`, and its rehearsal waits for, and checks, each line
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -35,92 +34,23 @@ import sys
 import time
 from pathlib import Path
 
+if __package__ in (None, ""):  # run as a script (kit/submission/boot.py): the kit's own modules, stdlib-only ones
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from submission import kaggle_mounts  # noqa: E402
+from submission.bundle_files import (MANIFEST, MODEL_DIRS, disk_needed, join_split_files, manifest_problems,  # noqa: E402
+                                     materialise, mounted, top_levels)
+from submission.kaggle_mounts import COMPETITION, EVALUATION_FILE, EVALUATION_SOLUTIONS, TEST_FILE  # noqa: E402
+
 TIME_LIMIT_S = 12 * 3600
 END_MARGIN_S = 60.0  # every step boot waits for ends this long before the limit (the solver's deadline twice this)
-MODEL_DIRS = ("model", "grid-model")  # the bundle's checkpoints: the line's own; a combined bundle's grid model
+DISK_MARGIN = 1 << 30  # free disk kept beside the extracted archives (logs, pip's temporary files)
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PIP_NO_INDEX": "1"}
 
 
 class BootError(RuntimeError):
     pass
-
-
-def zero_submission(tasks_path: Path) -> dict:
-    """A complete answer file of [[0]] from the challenges file (or a directory of task files), stdlib only."""
-    if tasks_path.is_dir():
-        raw = {p.stem: json.loads(p.read_text()) for p in sorted(tasks_path.glob("*.json"))}
-    else:
-        raw = json.loads(tasks_path.read_text())
-        if not isinstance(raw, dict):
-            raise ValueError(f"{tasks_path}: expected a JSON object of tasks, got {type(raw).__name__}")
-        if "train" in raw and "test" in raw:
-            raw = {tasks_path.stem: raw}
-    zero = {"attempt_1": [[0]], "attempt_2": [[0]]}
-    return {task_id: [dict(zero) for _ in (task.get("test") or [None])] for task_id, task in raw.items()
-            if isinstance(task, dict)}
-
-
-def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def manifest_problems(bundle: Path, full: bool = True) -> list[str]:
-    """Files of the manifest that are missing or differ in size or sha256 (model files by size only unless `full`:
-    hashing tens of GB at every boot costs minutes). build.bundle's verify uses it too."""
-    manifest = json.loads((bundle / "manifest.json").read_text())
-    problems = []
-    for name, entry in manifest["files"].items():
-        path = bundle / name
-        if not path.exists():
-            problems.append(f"missing: {name}")
-        elif path.stat().st_size != entry["bytes"]:
-            problems.append(f"size differs: {name}")
-        elif (full or name.split("/")[0] not in MODEL_DIRS) and _sha256(path) != entry["sha256"]:
-            problems.append(f"sha256 differs: {name}")
-    return problems
-
-
-def verify(bundle: Path, full: bool) -> None:
-    problems = manifest_problems(bundle, full)
-    if problems:
-        raise BootError("the bundle does not match its manifest:\n  " + "\n  ".join(problems[:20]))
-
-
-def reassembled(folder: Path, work: Path, suffix: str) -> Path:
-    """`folder` itself if nothing in it was split, else a working copy with the parts joined."""
-    parts = sorted(folder.rglob(f"*{suffix}[0-9][0-9][0-9]"))
-    if not parts:
-        return folder
-    copy = work / folder.name
-    shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns(f"*{suffix}[0-9][0-9][0-9]"))
-    for first in [p for p in parts if p.name.endswith(f"{suffix}000")]:
-        target = copy / first.relative_to(folder).with_name(first.name[:-len(suffix) - 3])
-        with open(target, "wb") as out:
-            for part in sorted(first.parent.glob(target.name + f"{suffix}[0-9][0-9][0-9]")):
-                out.write(part.read_bytes())
-    return copy
-
-
-def install(bundle: Path, requirements: str, timeout: float) -> None:
-    requirements = bundle / "kit" / requirements
-    try:
-        result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--find-links",
-                                 str(bundle / "wheels"), "-r", str(requirements)], capture_output=True, text=True,
-                                timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise BootError(f"installing from {bundle / 'wheels'} took over {timeout:.0f} s") from None
-    if result.returncode != 0:
-        raise BootError(f"installing from {bundle / 'wheels'} failed (a wheel missing or for another Python?):\n"
-                        + (result.stderr or result.stdout)[-2000:])
 
 
 def remaining(started: float, now: float) -> float:
@@ -143,13 +73,6 @@ def solver_deadline(started: float, now: float, rehearsal_s: float | None) -> tu
     return deadline, step_timeout(started, now, deadline + END_MARGIN_S / 2)
 
 
-def find(root: Path, name: str) -> Path | None:
-    """The first file called `name` anywhere under `root` (Kaggle mounts the competition's data under
-    /kaggle/input/<slug>/, and the slug changes between competitions)."""
-    found = sorted(root.rglob(name)) if root.is_dir() else []
-    return found[0] if found else None
-
-
 def rehearsal_problems(task_ids: list[str], log_lines: list[str]) -> list[str]:
     """What the rehearsal failed to show: tasks with no finished attempt (an aborted or failed one does not count).
     Empty when every task got at least one."""
@@ -170,12 +93,81 @@ def run_step(command: list[str], cwd: Path, env: dict, timeout: float, what: str
         raise BootError(f"{what} did not end within {timeout:.0f} s (stopped before the time limit)") from None
 
 
+def install(bundle: Path, requirements: str, timeout: float) -> None:
+    requirements = bundle / "kit" / requirements
+    try:
+        result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--find-links",
+                                 str(bundle / "wheels"), "-r", str(requirements)], capture_output=True, text=True,
+                                timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise BootError(f"installing from {bundle / 'wheels'} took over {timeout:.0f} s") from None
+    if result.returncode != 0:
+        raise BootError(f"installing from {bundle / 'wheels'} failed (a wheel missing or for another Python?):\n"
+                        + (result.stderr or result.stdout)[-2000:])
+
+
+def own_settings() -> dict:
+    """kit/bundle.json of the kit this script runs from (the bundle's profile, line, target and boot settings); {}
+    when it cannot be read (the manifest check then says what is wrong)."""
+    try:
+        return json.loads((Path(os.path.abspath(__file__)).parents[1] / "bundle.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def prepare_answer_file(args: argparse.Namespace, competition: str, rerun: bool) -> tuple[Path | None, dict | None]:
+    """The test file (by the competition's mount, kaggle_mounts) and the complete [[0]] answer file written from it
+    before anything else, so the output exists whatever fails later. A commit run that cannot tell which test file
+    is the competition's raises after the file is written."""
+    choice = (kaggle_mounts.Choice(args.tasks, f"--tasks {args.tasks}") if args.tasks else
+              kaggle_mounts.find(args.input, TEST_FILE, competition, rerun))
+    print(f"boot: {choice.note}", flush=True)
+    if choice.path is None:
+        print(f"boot: no answer file written (is the competition's data attached under {args.input}?)",
+              file=sys.stderr)
+        return None, None
+    fallback = None
+    try:
+        fallback = kaggle_mounts.zero_submission(choice.path)
+        kaggle_mounts.write_json(args.out_dir / "submission.json", fallback)
+    except (OSError, ValueError) as err:
+        print(f"boot: no answer file written: cannot read {choice.path}: {err}", file=sys.stderr)
+    if choice.refusal:
+        raise BootError(choice.refusal)
+    return choice.path, fallback
+
+
+def materialised(bundle: Path, work: Path) -> Path:
+    """The bundle with every manifest path in place (archives the Kaggle client uploaded and Kaggle kept extracted to
+    `work`, hashed as they are written), after a check that the disk holds what extraction writes."""
+    manifest = json.loads((bundle / MANIFEST).read_text())
+    archived = {top for top in top_levels(manifest) if (found := mounted(bundle, top)) and found.name != top}
+    work.mkdir(parents=True, exist_ok=True)
+    needed, free = disk_needed(manifest, archived) + DISK_MARGIN, shutil.disk_usage(work).free
+    if archived and needed > free:
+        raise BootError(f"{work}: {free / 2**30:.1f} GiB free, but extracting {', '.join(sorted(archived))} and "
+                        f"joining split files needs {needed / 2**30:.1f} GiB")
+    view, problems = materialise(bundle, work)
+    if problems:
+        raise BootError("the bundle's archives do not match its manifest:\n  " + "\n  ".join(problems[:20]))
+    return view
+
+
+def verify(bundle: Path, full: bool) -> None:
+    problems = manifest_problems(bundle, full)
+    if problems:
+        raise BootError("the bundle does not match its manifest:\n  " + "\n  ".join(problems[:20]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="boot.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bundle", required=True, type=Path)
+    parser.add_argument("--bundle", required=True, type=Path, help="the kit dataset as mounted")
     parser.add_argument("--input", type=Path, default=Path("/kaggle/input"), help="where the competition's data is")
-    parser.add_argument("--tasks", type=Path, help="default: arc-agi_test_challenges.json under --input")
+    parser.add_argument("--competition", help=f"the competition's slug (default: the bundle's, else {COMPETITION})")
+    parser.add_argument("--tasks", type=Path, help="default: the competition's arc-agi_test_challenges.json")
     parser.add_argument("--out-dir", type=Path, default=Path("/kaggle/working"))
+    parser.add_argument("--work", type=Path, help="local disk for boot's environment, extracted archives and "
+                        "joined files (default: arc-kit-work beside --out-dir)")
     parser.add_argument("--started", type=float, default=time.time(), help="when the notebook started (epoch s)")
     parser.add_argument("--rehearsal-tasks", type=int, default=3, help="commit run: public evaluation tasks to run")
     parser.add_argument("--rehearsal-deadline", type=float, default=1800.0,
@@ -186,39 +178,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full-verify", action="store_true")
     args = parser.parse_args(argv)
     rerun = bool(os.environ.get("KAGGLE_IS_COMPETITION_RERUN"))
-    tasks = args.tasks or find(args.input, "arc-agi_test_challenges.json")
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    work = args.work or args.out_dir.parent / "arc-kit-work"
     answer = args.out_dir / "submission.json"
-    fallback = None
-    if tasks is None:
-        print(f"boot: no arc-agi_test_challenges.json under {args.input}: no answer file written (is the "
-              f"competition's data attached?)", file=sys.stderr)
-    else:
-        try:
-            fallback = zero_submission(tasks)
-            write_json(answer, fallback)  # the output exists from here on, whatever fails below
-        except (OSError, ValueError) as err:
-            print(f"boot: no answer file written: cannot read {tasks}: {err}", file=sys.stderr)
-    status = 0
+    fallback, status = None, 0
+    args.competition = args.competition or own_settings().get("competition") or COMPETITION
     try:
-        verify(args.bundle, args.full_verify)
-        meta = json.loads((args.bundle / "kit" / "bundle.json").read_text())
-        manifest = json.loads((args.bundle / "manifest.json").read_text())
-        work = args.out_dir.parent / "arc-kit-work"
-        install(args.bundle, meta["requirements"], step_timeout(args.started, time.time(), 3600))
+        tasks, fallback = prepare_answer_file(args, args.competition, rerun)
+        bundle = materialised(args.bundle, work)
+        verify(bundle, args.full_verify)
+        meta = json.loads((bundle / "kit" / "bundle.json").read_text())
+        manifest = json.loads((bundle / MANIFEST).read_text())
+        install(bundle, meta["requirements"], step_timeout(args.started, time.time(), 3600))
         env = dict(os.environ, **OFFLINE)
-        kit = args.bundle / "kit"
-        preflight = subprocess.run([sys.executable, "-m", "submission.preflight", "--bundle", str(args.bundle),
+        kit = bundle / "kit"
+        preflight = subprocess.run([sys.executable, "-m", "submission.preflight", "--bundle", str(bundle),
                                     "--work", str(work)], cwd=kit, env=env, capture_output=True, text=True,
                                    timeout=step_timeout(args.started, time.time(), 300))
         print(preflight.stdout + preflight.stderr, end="")
         if preflight.returncode != 0:
             raise BootError("the preflight refused this machine or bundle (report above)")
-        suffix = manifest.get("split_part_suffix", ".part")
-        model = reassembled(args.bundle / MODEL_DIRS[0], work, suffix)
-        grid_model = reassembled(args.bundle / MODEL_DIRS[1], work, suffix) if meta.get("line") == "both" else None
+        joined = join_split_files(bundle, work)
+        model = joined / MODEL_DIRS[0]
+        grid_model = joined / MODEL_DIRS[1] if meta.get("line") == "both" else None
+        args.bundle = bundle
         if rerun and tasks is None:
-            raise BootError(f"the rerun has no arc-agi_test_challenges.json under {args.input}")
+            raise BootError(f"the rerun has no {TEST_FILE} under {args.input}")
         if rerun:
             status = solve(args, meta["profile"], model, env, tasks, answer, None, args.out_dir / "attempts.jsonl",
                            grid_model)
@@ -227,19 +212,13 @@ def main(argv: list[str] | None = None) -> int:
     except (BootError, OSError, KeyError, ValueError, subprocess.SubprocessError) as err:
         print(f"boot: {err}", file=sys.stderr)
         status = 3
-    if fallback is not None and not complete(answer, fallback):
-        print("boot: the answer file was missing or incomplete: wrote the [[0]] file", file=sys.stderr)
-        write_json(answer, fallback)
+    if fallback is not None:
+        replaced = kaggle_mounts.keep_complete(answer, fallback)
+        if replaced:
+            print(f"boot: {len(replaced)} of {len(fallback)} tasks were missing or broken in the answer file: "
+                  f"their [[0]] answers written ({', '.join(replaced[:5])}{', ...' if len(replaced) > 5 else ''})",
+                  file=sys.stderr)
     return status
-
-
-def complete(answer: Path, fallback: dict) -> bool:
-    """Whether the answer file has every task of `fallback` with as many test inputs."""
-    try:
-        written = json.loads(answer.read_text())
-        return all(len(written.get(t, [])) == len(slots) for t, slots in fallback.items())
-    except (OSError, ValueError, AttributeError, TypeError):  # no file, not JSON, not an object of lists
-        return False
 
 
 def line_logs(out: Path, log: Path, grid_model: Path | None) -> dict[str, Path]:
@@ -315,10 +294,13 @@ def rehearse(args: argparse.Namespace, profile: str, model: Path, env: dict, gri
     deadline, written and scored under out-dir/rehearsal/ (submission.json stays the [[0]] file of the test set).
     Non-zero, with the reason, if the solver fails or a task gets no finished attempt: learn it before a rerun. A
     combined bundle (`grid_model`) rehearses both lines at once, and each line's log must show every task."""
-    challenges = find(args.input, "arc-agi_evaluation_challenges.json")
-    if challenges is None:
-        raise BootError(f"rehearsal: no arc-agi_evaluation_challenges.json under {args.input}")
-    solutions = find(args.input, "arc-agi_evaluation_solutions.json")
+    found = kaggle_mounts.find(args.input, EVALUATION_FILE, args.competition, rerun=False)
+    print(f"boot: rehearsal: {found.note}", flush=True)
+    if found.refusal or found.path is None:
+        raise BootError(f"rehearsal: {found.refusal or found.note}")
+    challenges = found.path
+    solutions = challenges.parent / EVALUATION_SOLUTIONS
+    solutions = solutions if solutions.exists() else None
     folder = args.out_dir / "rehearsal"
     folder.mkdir(exist_ok=True)
     log = folder / "attempts.jsonl"

@@ -44,17 +44,26 @@ def challenges(arc_data):
     return {t: {"train": tasks[t]["train"], "test": [{"input": p["input"]} for p in tasks[t]["test"]]} for t in chosen}
 
 
-def kaggle(tmp_path: Path, challenges: dict, boot: str | None, with_test_file: bool = True) -> Path:
-    """/kaggle/input with the competition's data and, when `boot` is given, a kit dataset whose boot.py is that."""
+REAL_BOOT = "<real>"  # the kit's own submission/ folder (boot.py and the standard-library modules it imports)
+
+
+def kaggle(tmp_path: Path, challenges: dict, boot: str | None, with_test_file: bool = True,
+           dataset: str = "my-arc-kit") -> Path:
+    """/kaggle/input with the competition's data (arc-prize-2025, the kit's default competition) and, when `boot` is
+    given, a kit dataset whose boot.py is that (REAL_BOOT: the kit's own)."""
     root = tmp_path / "input"
-    (root / "arc-prize-2026").mkdir(parents=True)
+    (root / "arc-prize-2025").mkdir(parents=True)
     if with_test_file:
-        (root / "arc-prize-2026" / "arc-agi_test_challenges.json").write_text(json.dumps(challenges))
-    if boot is not None:
-        kit = root / "my-arc-kit" / "kit"
-        (kit / "submission").mkdir(parents=True)
+        (root / "arc-prize-2025" / "arc-agi_test_challenges.json").write_text(json.dumps(challenges))
+    if boot is not None or dataset != "my-arc-kit":
+        kit = root / dataset / "kit"
+        kit.mkdir(parents=True)
         (kit / "bundle.json").write_text(json.dumps({"profile": "cpu-tiny", "requirements": "r.txt"}))
-        (kit / "submission" / "boot.py").write_text(boot)
+        if boot is REAL_BOOT:
+            (kit / "submission").symlink_to(REPO / "submission")
+        else:
+            (kit / "submission").mkdir()
+            (kit / "submission" / "boot.py").write_text(boot)
     return root
 
 
@@ -79,7 +88,7 @@ def test_no_kit_dataset_leaves_the_zero_file(tmp_path, challenges, rerun):
     kaggle(tmp_path, challenges, boot=None)
     result = run_notebook(tmp_path, rerun)
     assert_complete_zero_file(tmp_path, challenges)
-    assert "no kit dataset (kit/bundle.json)" in result.stderr
+    assert "no kit dataset (kit/bundle.json, kit.tar or kit.zip)" in result.stderr
     if rerun:  # the rerun never raises: the [[0]] file is scored
         assert result.returncode == 0, result.stderr
     else:  # the commit fails loudly, in cell 2, after cell 1 wrote the file
@@ -100,7 +109,7 @@ def test_boot_raising_leaves_the_zero_file(tmp_path, challenges, boot, rerun):
 def test_the_real_boot_on_a_bundle_without_manifest(tmp_path, challenges):
     """The kit's own boot.py (standard library only) on a dataset that lost its manifest: it writes the [[0]] file
     itself, says what is wrong, and the commit fails."""
-    kaggle(tmp_path, challenges, (REPO / "submission" / "boot.py").read_text())
+    kaggle(tmp_path, challenges, REAL_BOOT)
     result = run_notebook(tmp_path, rerun=False)
     assert_complete_zero_file(tmp_path, challenges)
     assert "manifest.json" in result.stderr and "boot.py exited with status 3" in result.stderr
@@ -116,3 +125,69 @@ def test_no_competition_data_is_said_clearly(tmp_path, challenges):
 
 def test_committed_notebook_is_the_generated_one():
     assert json.loads((REPO / "kaggle" / "notebook.ipynb").read_text()) == notebook()
+
+
+ECHO_BOOT = """import sys
+print("BOOT ARGS", sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("rerun", [False, True])
+def test_a_task_without_test_inputs_never_stops_the_first_cell(tmp_path, challenges, rerun):
+    """Issue 27: cell 1 read task["test"] and crashed on a task without it, so no cell ran and no file was written.
+    Now such a task gets one [[0]] slot, the other tasks theirs, and cell 2 runs."""
+    broken = dict(challenges, no_tests={"train": challenges[next(iter(challenges))]["train"]})
+    kaggle(tmp_path, broken, ECHO_BOOT)
+    result = run_notebook(tmp_path, rerun)
+    assert result.returncode == 0, result.stderr
+    answer = json.loads((tmp_path / "working" / "submission.json").read_text())
+    assert answer["no_tests"] == [{"attempt_1": [[0]], "attempt_2": [[0]]}]
+    assert {t: len(s) for t, s in answer.items() if t != "no_tests"} == {t: len(c["test"]) for t, c in
+                                                                          challenges.items()}
+    assert "BOOT ARGS" in result.stdout
+
+
+def test_the_competitions_own_mount_is_used_when_another_competition_is_attached(tmp_path, challenges):
+    """Issue 27: with the 2024 competition's data attached too, cell 1 took the first sorted match (2024's). It now
+    takes the file under /kaggle/input/<COMPETITION>/ and passes the slug to boot, which applies the same rule."""
+    root = kaggle(tmp_path, challenges, ECHO_BOOT)
+    (root / "arc-prize-2024").mkdir()
+    (root / "arc-prize-2024" / "arc-agi_test_challenges.json").write_text(json.dumps({"old": challenges[
+        next(iter(challenges))]}))
+    result = run_notebook(tmp_path, rerun=True)
+    assert result.returncode == 0, result.stderr
+    assert_complete_zero_file(tmp_path, challenges)
+    assert "'--competition', 'arc-prize-2025'" in result.stdout
+
+
+def test_a_kit_kept_as_an_archive_is_extracted_and_booted(tmp_path, challenges):
+    """The Kaggle client uploads kit/ as kit.tar (--dir-mode tar); where Kaggle keeps the archive, cell 2 extracts
+    the kit to run its boot script, passing the mounted dataset as --bundle."""
+    import tarfile
+
+    root = kaggle(tmp_path, challenges, None)
+    dataset = root / "differently-named-kit"
+    (dataset / "src" / "submission").mkdir(parents=True)
+    (dataset / "src" / "submission" / "boot.py").write_text(ECHO_BOOT)
+    (dataset / "src" / "bundle.json").write_text("{}")
+    with tarfile.open(dataset / "kit.tar", "w") as tar:
+        for path in sorted((dataset / "src").rglob("*")):
+            tar.add(path, str(path.relative_to(dataset / "src")))
+    result = run_notebook(tmp_path, rerun=False)
+    assert result.returncode == 0, result.stderr
+    assert f"'--bundle', '{dataset}'" in result.stdout
+    assert (tmp_path / "arc-kit-work" / "boot-kit" / "submission" / "boot.py").read_text() == ECHO_BOOT
+
+
+@pytest.mark.parametrize("rerun", [False, True])
+def test_two_kit_datasets_fail_the_commit_and_the_rerun_takes_one(tmp_path, challenges, rerun):
+    kaggle(tmp_path, challenges, ECHO_BOOT)
+    kaggle(tmp_path / "x", challenges, ECHO_BOOT)  # a second layout, then moved beside the first
+    (tmp_path / "x" / "input" / "my-arc-kit").rename(tmp_path / "input" / "another-kit")
+    result = run_notebook(tmp_path, rerun)
+    assert_complete_zero_file(tmp_path, challenges)
+    if rerun:
+        assert result.returncode == 0 and "several kit datasets attached: using" in result.stderr
+        assert "BOOT ARGS" in result.stdout
+    else:
+        assert result.returncode == 1 and "2 kit datasets attached, detach all but one" in result.stderr

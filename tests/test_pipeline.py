@@ -15,7 +15,7 @@ from build.bundle import bundle, verify  # noqa: E402
 from build.pipeline import run  # noqa: E402
 from build.tiny import make_checkpoint  # noqa: E402
 from offline_wheels.lock import sha256  # noqa: E402
-from submission.boot import reassembled  # noqa: E402
+from submission.bundle_files import join_split_files  # noqa: E402
 
 
 def test_prune_quantise_patch_bundle(tmp_path):
@@ -44,5 +44,5 @@ def test_split_files_are_reassembled(tmp_path):
     parts = sorted((dataset / "model").glob("model.safetensors.part*"))
     assert len(parts) > 1 and not (dataset / "model" / "model.safetensors").exists()
     assert verify(dataset) == []
-    joined = reassembled(dataset / "model", tmp_path / "work", ".part")
+    joined = join_split_files(dataset, tmp_path / "work") / "model"
     assert sha256(joined / "model.safetensors") == sha256(model / "model.safetensors")
