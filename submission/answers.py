@@ -16,6 +16,7 @@ from pathlib import Path
 from submission.grids import EMPTY_ANSWER, Grid, to_json
 
 AttemptPair = tuple[Grid, Grid]
+MODE = 0o644  # mkstemp's 0600 made the solver's file unlike boot's [[0]] fallback (open(): 0644 under umask 022)
 
 
 def render_submission(test_counts: dict[str, int], answers: dict[tuple[str, int], AttemptPair]) -> dict:
@@ -34,12 +35,14 @@ def render_submission(test_counts: dict[str, int], answers: dict[tuple[str, int]
 
 
 def write_atomic(path: str | Path, data: bytes) -> None:
-    """Replace `path` with `data` so that readers (and a crash) only ever see the old or the new content."""
+    """Replace `path` with `data` so that readers (and a crash) only ever see the old or the new content. The file
+    is `MODE` (0644) whatever the umask or the mode of the file it replaces."""
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), MODE)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -10,8 +10,6 @@ import re
 from itertools import chain
 from typing import Any
 
-import numpy as np
-
 Grid = tuple[tuple[int, ...], ...]
 
 MAX_SIDE = 30
@@ -82,6 +80,10 @@ def _fast_grid(value: Any) -> Grid | None:
 
     Every sandbox check validates each output twice (child and caller), so this path is hot: ~10x faster than
     the cell-by-cell walk below, which stays the reference and produces the error messages."""
+    # numpy here, not at the top: profiles import this module, and boot's preflight machine stage loads them under
+    # Kaggle's bare Python before the wheels are installed (issue 27); once imported, this line is a dict lookup.
+    import numpy as np
+
     if isinstance(value, list) and value and isinstance(value[0], list) and len(value) <= MAX_SIDE:
         try:
             array = np.array(value)

@@ -1,12 +1,18 @@
 """Preflight: before the model loads, check the machine and the bundle against the run profile, in one report.
 
-    python -m submission.preflight --bundle DIR [--work DIR]
+    python -m submission.preflight --bundle DIR [--work DIR] [--stage all|machine]
 
 A run that cannot work should stop in seconds with the reason, not an hour in (issue 12). `checks(profile, facts)`
 is pure: it compares facts about the machine (GPUs and their memory, the NVIDIA driver, free disk) and the bundle (the
 model's config.json, its size, the manifest) with what the profile asks for. `gather(bundle, work)` collects those
 facts (nvidia-smi, the file system) and is the only part that does I/O, so tests fake the facts. boot.py runs this
 module after the wheels are installed and before the solver: exit status 1 means refused, and the report says why.
+
+`--stage machine` checks only what needs neither wheels nor model: the GPUs the profile needs (tensor x pipeline
+parallel, the grid line's devices, a combined profile's split) and the NVIDIA driver against the lock's CUDA major
+(`machine_checks`, pure; it reads nvidia-smi, kit/bundle.json and manifest.json). This module and the profile loaders
+import only the standard library (numpy is imported where it is used), so the stage runs under Kaggle's bare Python
+before the 4 GB wheel install (issue 27) and a wrong machine is refused in seconds, not after the install.
 
 The memory check is an estimate (weights split evenly over tensor x pipeline ranks, plus the profile's KV cache,
 against vLLM's default 90% of each GPU's memory); activations and CUDA graphs are not counted. A grid-line profile
@@ -53,6 +59,15 @@ class Gpu:
 
 
 @dataclass(frozen=True)
+class Machine:
+    """The machine stage's facts: the GPUs and driver nvidia-smi reports, and the CUDA major of the bundle's lock."""
+
+    gpus: tuple[Gpu, ...]
+    driver: str | None  # NVIDIA driver version ("580.82.07"); None: no nvidia-smi
+    cuda: int | None  # cuda_major of the manifest's lock; None: CPU-only wheels
+
+
+@dataclass(frozen=True)
 class Facts:
     """What preflight knows of the machine and the bundle; `gather` reads them, tests make them up."""
 
@@ -65,6 +80,10 @@ class Facts:
     manifest: dict  # the bundle's manifest.json (target, lock, profile, model provenance)
     bundle_profile: str  # the profile kit/bundle.json names
     model_dir: str = MODEL_DIRS[0]  # the folder model_bytes and model_config come from (a combined bundle: two)
+
+    @property
+    def machine(self) -> Machine:
+        return Machine(self.gpus, self.driver, cuda_major(self.manifest.get("lock", "")))
 
 
 @dataclass(frozen=True)
@@ -107,31 +126,40 @@ def checks(profile: Profile | GridProfile, facts: Facts) -> list[Check]:
 
 def _gpu_checks(profile: Profile | GridProfile, facts: Facts) -> list[Check]:
     """The GPU count, the memory estimate and the driver for one line on the GPUs of `facts`."""
-    out = []
-    cuda = cuda_major(facts.manifest.get("lock", ""))
+    count, *driver = machine_checks(profile, facts.machine)
+    needed = gpus_needed(profile, facts.machine.cuda)
+    return [count, *([_memory_check(profile, facts, needed)] if needed else []), *driver]
+
+
+def machine_checks(profile: Profile | GridProfile, machine: Machine) -> list[Check]:
+    """The GPU count and, with CUDA wheels, the driver for one line on the GPUs of `machine`. Pure."""
+    cuda = machine.cuda
     needed = gpus_needed(profile, cuda)
-    found = len(facts.gpus)
-    names = ", ".join(sorted({g.name for g in facts.gpus})) or "none"
-    out.append(Check("GPUs", found >= needed, f"{found} found ({names}), the profile {profile.name} needs {needed}"
-                     + ("" if cuda else " (CPU-only wheels)")))
-    grid = isinstance(profile, GridProfile)
+    found = len(machine.gpus)
+    names = ", ".join(sorted({g.name for g in machine.gpus})) or "none"
+    out = [Check("GPUs", found >= needed, f"{found} found ({names}), the profile {profile.name} needs {needed}"
+                 + ("" if cuda else " (CPU-only wheels)"))]
     if needed:
-        usable = min((g.memory_bytes for g in facts.gpus), default=0) * GPU_MEMORY_UTILIZATION
-        if grid:
-            per_gpu = facts.model_bytes
-            detail = f"weights {per_gpu / GIB:.1f} GiB on each worker's GPU (TTT, activations, KV cache not counted)"
-        else:
-            ranks = needed if profile.engine.kind == "vllm" else 1
-            per_gpu = facts.model_bytes / ranks + profile.engine.kv_cache_memory_bytes
-            detail = (f"about {per_gpu / GIB:.1f} GiB per GPU (weights {facts.model_bytes / GIB:.1f} GiB over "
-                      f"{ranks}, KV cache {profile.engine.kv_cache_memory_bytes / GIB:.1f} GiB)")
-        out.append(Check("GPU memory", per_gpu <= usable, f"{detail} of {usable / GIB:.1f} GiB usable (estimate)"))
         floor = MIN_DRIVER.get(cuda)
-        major = int(facts.driver.split(".")[0]) if facts.driver and facts.driver.split(".")[0].isdigit() else None
+        driver = machine.driver
+        major = int(driver.split(".")[0]) if driver and driver.split(".")[0].isdigit() else None
         out.append(Check("NVIDIA driver", major is not None and (floor is None or major >= floor),
-                         f"{facts.driver or 'not found (no nvidia-smi)'}; the CUDA {cuda} wheels need "
+                         f"{driver or 'not found (no nvidia-smi)'}; the CUDA {cuda} wheels need "
                          f"{floor or '?'} or newer"))
     return out
+
+
+def _memory_check(profile: Profile | GridProfile, facts: Facts, needed: int) -> Check:
+    usable = min((g.memory_bytes for g in facts.gpus), default=0) * GPU_MEMORY_UTILIZATION
+    if isinstance(profile, GridProfile):
+        per_gpu = facts.model_bytes
+        detail = f"weights {per_gpu / GIB:.1f} GiB on each worker's GPU (TTT, activations, KV cache not counted)"
+    else:
+        ranks = needed if profile.engine.kind == "vllm" else 1
+        per_gpu = facts.model_bytes / ranks + profile.engine.kv_cache_memory_bytes
+        detail = (f"about {per_gpu / GIB:.1f} GiB per GPU (weights {facts.model_bytes / GIB:.1f} GiB over "
+                  f"{ranks}, KV cache {profile.engine.kv_cache_memory_bytes / GIB:.1f} GiB)")
+    return Check("GPU memory", per_gpu <= usable, f"{detail} of {usable / GIB:.1f} GiB usable (estimate)")
 
 
 def _disk_check(facts: Facts) -> Check:
@@ -239,12 +267,28 @@ def both_checks(both: BothProfile, lines: tuple[Profile, GridProfile], where: st
         out.append(gpu_split(both, where, len(facts.gpus)))
     for name, profile, seen, devices in (("reasoning", reasoning, facts, both.reasoning.devices),
                                          ("grid", grid, grid_facts, both.grid.devices)):
-        visible = gpu_indices(devices)
-        if visible is not None:
-            seen = replace(seen, gpus=tuple(seen.gpus[i] for i in visible if i < len(seen.gpus)))
+        seen = replace(seen, gpus=visible_gpus(seen.gpus, devices))
         out += [replace(c, name=f"{name} line: {c.name}")
                 for c in _gpu_checks(profile, seen) + _line_model_checks(profile, seen)]
     return out + [_disk_check(facts), _bundle_check(both.name, facts)]
+
+
+def both_machine_checks(both: BothProfile, lines: tuple[Profile, GridProfile], where: str,
+                        machine: Machine) -> list[Check]:
+    """A combined profile's machine stage, pure: the GPU split (with CUDA wheels), then each line's GPU count and
+    driver on the GPUs its share makes visible, named as both_checks names them."""
+    out = [gpu_split(both, where, len(machine.gpus))] if machine.cuda is not None else []
+    for name, profile, devices in (("reasoning", lines[0], both.reasoning.devices),
+                                   ("grid", lines[1], both.grid.devices)):
+        seen = replace(machine, gpus=visible_gpus(machine.gpus, devices))
+        out += [replace(c, name=f"{name} line: {c.name}") for c in machine_checks(profile, seen)]
+    return out
+
+
+def visible_gpus(gpus: tuple[Gpu, ...], devices: str) -> tuple[Gpu, ...]:
+    """The GPUs a line's CUDA_VISIBLE_DEVICES value leaves it (every one when the value names no indices)."""
+    visible = gpu_indices(devices)
+    return gpus if visible is None else tuple(gpus[i] for i in visible if i < len(gpus))
 
 
 def report(results: list[Check]) -> str:
@@ -271,6 +315,15 @@ def _nvidia_smi() -> tuple[tuple[Gpu, ...], str | None]:
     return parse_nvidia_smi(result.stdout)
 
 
+def gather_machine(bundle: Path) -> tuple[str, Machine]:
+    """The bundle's profile name (kit/bundle.json) and this machine's facts for it (nvidia-smi, manifest.json's lock):
+    what the machine stage reads, before the wheels are installed."""
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    profile = json.loads((bundle / "kit" / "bundle.json").read_text())["profile"]
+    gpus, driver = _nvidia_smi()
+    return profile, Machine(gpus, driver, cuda_major(manifest.get("lock", "")))
+
+
 def gather(bundle: Path, work: Path) -> Facts:
     """The facts of this machine and bundle (nvidia-smi, the file system); seconds, nothing is hashed."""
     manifest = json.loads((bundle / "manifest.json").read_text())
@@ -295,21 +348,36 @@ def model_facts(bundle: Path, folder: str) -> dict:
             "model_bytes": sum(p.stat().st_size for p in files if ".safetensors" in p.name)}  # split parts included
 
 
+def machine_stage(bundle: Path) -> list[Check]:
+    """The machine stage's checks for the bundle's profile (standard library only: see the module's docstring)."""
+    name, machine = gather_machine(bundle)
+    line = profile_line(name)
+    if line == "both":
+        both = load_both_profile(name)
+        return both_machine_checks(both, line_configs(both), str(profile_path(name)), machine)
+    return machine_checks((load_grid_profile if line == "grid" else load_profile)(name), machine)
+
+
+def full_stage(bundle: Path, work: Path) -> list[Check]:
+    facts = gather(bundle, work)
+    line = profile_line(facts.bundle_profile)
+    if line == "both":
+        both = load_both_profile(facts.bundle_profile)
+        return both_checks(both, line_configs(both), str(profile_path(facts.bundle_profile)), facts,
+                           replace(facts, **model_facts(bundle, MODEL_DIRS[1])))
+    return checks((load_grid_profile if line == "grid" else load_profile)(facts.bundle_profile), facts)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m submission.preflight", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", required=True, type=Path, help="the bundle (dataset) folder")
     parser.add_argument("--work", type=Path, default=Path("/kaggle/arc-kit-work"),
                         help="where split files will be reassembled (its free disk is checked)")
+    parser.add_argument("--stage", choices=("all", "machine"), default="all",
+                        help="machine: only the GPUs and the driver, with no wheels installed (before the install)")
     args = parser.parse_args(argv)
     try:
-        facts = gather(args.bundle, args.work)
-        line = profile_line(facts.bundle_profile)
-        if line == "both":
-            both = load_both_profile(facts.bundle_profile)
-            results = both_checks(both, line_configs(both), str(profile_path(facts.bundle_profile)), facts,
-                                  replace(facts, **model_facts(args.bundle, MODEL_DIRS[1])))
-        else:
-            results = checks((load_grid_profile if line == "grid" else load_profile)(facts.bundle_profile), facts)
+        results = machine_stage(args.bundle) if args.stage == "machine" else full_stage(args.bundle, args.work)
     except (OSError, ValueError, KeyError, ProfileError) as err:
         print(f"preflight: REFUSED, cannot read the bundle {args.bundle}: {err}")
         return 1

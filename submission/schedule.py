@@ -78,12 +78,13 @@ class ScheduleConfig:
                 f"(ScheduleConfig.scaled, submission.main --scale-schedule)")
 
     def scaled(self, time_limit_s: float) -> ScheduleConfig:
-        """This schedule in miniature for a shorter time limit (the commit run's rehearsal): every margin and minimum
-        time left, and the level caps, `min_cap` and the promotion threshold, multiplied by time_limit_s /
-        self.time_limit_s, so each level fits the short run as it fits the full one and every input the engine
-        reaches in time gets a first attempt. `cap_margin_tokens` stays: it keeps time for the answer and program,
-        which are as long in a short run. Prompt lengths and engine start-up do not scale either: a rehearsal is a
-        miniature, not a forecast."""
+        """This schedule in miniature for a shorter time limit (the commit run's rehearsal): every time and token
+        margin (`cap_margin_tokens` included), minimum time left, level cap, `min_cap` and the promotion threshold
+        multiplied by time_limit_s / self.time_limit_s, so each level fits the short run as it fits the full one and
+        every input the engine reaches in time gets a first attempt. An unscaled `cap_margin_tokens` (issue 27) cost
+        a rehearsal 24 times its share: moe-4xL4 in 1,800 s could start no request once its engine was ready at
+        1,370 s, where the 12-hour run had hours left. The rate and the concurrency stay, and prompt lengths, the
+        answer's length and engine start-up do not scale: a rehearsal is a miniature, not a forecast."""
         f = time_limit_s / self.time_limit_s
 
         def tokens(n: int) -> int:
@@ -92,8 +93,9 @@ class ScheduleConfig:
         return replace(
             self, time_limit_s=time_limit_s, hard_stop_margin_s=self.hard_stop_margin_s * f,
             stop_new_margin_s=self.stop_new_margin_s * f, cap_margin_s=self.cap_margin_s * f,
-            min_cap=tokens(self.min_cap), cap_first_single=tokens(self.cap_first_single),
-            cap_first_multi=tokens(self.cap_first_multi), cap_second=tokens(self.cap_second),
+            cap_margin_tokens=round(self.cap_margin_tokens * f), min_cap=tokens(self.min_cap),
+            cap_first_single=tokens(self.cap_first_single), cap_first_multi=tokens(self.cap_first_multi),
+            cap_second=tokens(self.cap_second),
             repair_caps=tuple(tokens(c) for c in self.repair_caps), cap_extra=tokens(self.cap_extra),
             promote_below_thinking=tokens(self.promote_below_thinking),
             repair_min_left_s=self.repair_min_left_s * f, extra_min_left_s=self.extra_min_left_s * f)

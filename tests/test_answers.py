@@ -6,6 +6,7 @@ import json
 import os
 import random
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -42,6 +43,23 @@ def test_answer_file_exists_complete_before_any_answer(tmp_path, arc_data):
     assert json.loads((tmp_path / "submission.json").read_text())[task.id][0]["attempt_1"] == [
         list(r) for r in task.test_outputs[0]]
     assert [p.name for p in tmp_path.iterdir()] == ["submission.json"]  # no temporary files left
+
+
+def test_the_answer_file_is_0644_whatever_the_umask_and_the_file_it_replaces(tmp_path):
+    """Issue 27: mkstemp made the solver's answer file 0600, where boot's [[0]] fallback in the same place (open(),
+    under the usual umask 022) is 0644: the file's mode must not depend on who wrote it last. Every write is 0644."""
+    path = tmp_path / "submission.json"
+    path.write_text("{}")
+    path.chmod(0o600)
+    old = os.umask(0o077)
+    try:
+        answers = AnswerFile(path, {"a": 1})
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644
+        answers.update("a", 0, (((1,),), ((2,),)))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["submission.json"]
 
 
 WRITER = """

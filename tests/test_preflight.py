@@ -237,3 +237,69 @@ def test_the_command_on_a_combined_bundle_without_its_grid_model(tmp_path):
     refused = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "FAIL grid line: model config: grid-model/config.json is missing or not JSON" in refused.stdout
+
+
+def test_the_machine_stage_checks_the_gpus_and_driver_each_line_needs():
+    """The machine stage (before the wheels): the GPU count and the driver, as the full preflight words them."""
+    from submission.grid.both import line_configs, load_both_profile
+    from submission.preflight import both_machine_checks, machine_checks
+
+    machine = kaggle_moe().machine
+    assert [(c.name, c.ok) for c in machine_checks(load_profile("moe-4xL4"), machine)] == [
+        ("GPUs", True), ("NVIDIA driver", True)]
+    refused = {c.name: c.detail for c in machine_checks(load_profile("moe-4xL4"), replace(machine, gpus=(L4,) * 2,
+                                                                                           driver="535.104.05"))
+               if not c.ok}
+    assert refused == {"GPUs": "2 found (NVIDIA L4), the profile moe-4xL4 needs 4",
+                       "NVIDIA driver": "535.104.05; the CUDA 13 wheels need 580 or newer"}
+    grid = machine_checks(load_grid_profile("grid-4b-4xL4"), replace(machine, gpus=(L4,) * 3))
+    assert [c.ok for c in grid] == [False, True] and "needs 4" in grid[0].detail
+    assert [c.name for c in machine_checks(load_profile("cpu-tiny"), replace(machine, cuda=None, gpus=()))] == ["GPUs"]
+    both = load_both_profile("both-4xL4")
+    results = both_machine_checks(both, line_configs(both), "profiles/both-4xL4.toml", machine)
+    assert [c.name for c in results if c.ok] == ["GPU split", "reasoning line: GPUs", "reasoning line: NVIDIA driver",
+                                                 "grid line: GPUs", "grid line: NVIDIA driver"]
+    two = both_machine_checks(both, line_configs(both), "profiles/both-4xL4.toml", replace(machine, gpus=(L4, L4)))
+    assert [c.name for c in two if not c.ok] == ["GPU split", "grid line: GPUs"]
+
+
+def fake_nvidia_smi(folder: Path, gpus: int, driver: str) -> Path:
+    """A folder holding an `nvidia-smi` that answers preflight's query as a box with `gpus` L4s does (none: it fails
+    as nvidia-smi does without a driver)."""
+    folder.mkdir()
+    rows = "".join(f"NVIDIA L4, 23034, {driver}\\n" for _ in range(gpus))
+    script = (f"#!/bin/sh\nprintf '{rows}'\n" if gpus else
+              "#!/bin/sh\necho \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\"\n"
+              "exit 9\n")
+    (folder / "nvidia-smi").write_text(script)
+    (folder / "nvidia-smi").chmod(0o755)
+    return folder
+
+
+@pytest.mark.parametrize("profile", ["moe-4xL4", "grid-4b-4xL4", "both-4xL4"])
+def test_the_machine_stage_runs_on_a_bare_python_before_the_wheels(tmp_path, profile):
+    """Issue 27: the GPU and driver checks run under Kaggle's Python before the wheel install. `python -S -E` has
+    only the standard library (no site-packages: numpy, or any other package, cannot be imported), so the stage and
+    the profile loaders it uses must import none; a fake nvidia-smi plays the machine."""
+    python = [sys.executable, "-S", "-E"]
+    no_numpy = subprocess.run(python + ["-c", "import numpy"], capture_output=True, text=True, timeout=60)
+    assert no_numpy.returncode == 1 and "No module named 'numpy'" in no_numpy.stderr  # the premise
+    bundle = fake_bundle(tmp_path / "bundle", profile, GPU_LOCK, {})
+    command = python + ["-m", "submission.preflight", "--bundle", str(bundle), "--stage", "machine"]
+
+    def stage(gpus: int, driver: str) -> subprocess.CompletedProcess:
+        path = fake_nvidia_smi(tmp_path / f"bin-{gpus}-{driver}", gpus, driver)
+        return subprocess.run(command, cwd=REPO, env={"PATH": str(path)}, capture_output=True, text=True, timeout=60)
+
+    ok = stage(4, "580.82.07")
+    assert ok.returncode == 0 and ok.stdout.startswith("preflight: ok"), ok.stdout + ok.stderr
+    assert "NVIDIA driver: 580.82.07; the CUDA 13 wheels need 580 or newer" in ok.stdout
+    assert "model" not in ok.stdout and "disk" not in ok.stdout  # no bundle check: no wheels, no model yet
+    none = stage(0, "")
+    assert none.returncode == 1 and none.stdout.startswith("preflight: REFUSED"), none.stdout + none.stderr
+    assert "GPUs: 0 found (none)" in none.stdout and "not found (no nvidia-smi)" in none.stdout
+    old = stage(4, "535.104.05")
+    assert old.returncode == 1 and "FAIL" in old.stdout and "NVIDIA driver: 535.104.05" in old.stdout, old.stdout
+    assert [line.rsplit(": ", 1)[0] for line in old.stdout.splitlines() if "FAIL" in line] == [
+        f"  FAIL {prefix}NVIDIA driver" for prefix in
+        ({"both-4xL4": ["reasoning line: ", "grid line: "]}.get(profile, [""]))]

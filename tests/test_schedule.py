@@ -259,7 +259,7 @@ def test_a_scaled_schedule_is_the_full_one_in_miniature(limit):
     assert small.min_cap == round(full.min_cap * f) and small.repair_caps == tuple(round(c * f) for c in
                                                                                     full.repair_caps)
     assert (small.cap_first_single, small.cap_second) == (round(96_000 * f), round(48_000 * f))
-    assert small.cap_margin_tokens == full.cap_margin_tokens  # the answer is as long in a short run
+    assert small.cap_margin_tokens == round(full.cap_margin_tokens * f)
     inputs = [InputInfo(f"t{i}", j, 3_000 + 100 * i, 2 if i == 2 else 1) for i in range(3) for j in
               range(2 if i == 2 else 1)]
     scheduler = Scheduler(small, inputs)
@@ -269,6 +269,31 @@ def test_a_scaled_schedule_is_the_full_one_in_miniature(limit):
     assert all(small.min_cap <= r.cap and started + (r.cap + small.cap_margin_tokens) / small.rate_tok_s
                < small.hard_stop for r in requests)
     assert drain(Scheduler(replace(full, time_limit_s=full.stop_new_margin_s + 1), inputs), 0.0) == []  # unscaled
+
+
+REHEARSAL_S = 1800.0  # boot's --rehearsal-deadline, engine start included
+
+
+@pytest.mark.parametrize("name", ["moe-4xL4", "moe-4xL4-direct", "dense-27b-4xL4", "both-4xL4"])
+def test_a_rehearsal_whose_engine_starts_late_still_makes_first_attempts(name):
+    """Issue 27: moe-4xL4 scaled to the 1,800-s rehearsal, with the engine ready at ~1,370 s as seen on the box.
+    Unscaled, cap_margin_tokens (3,000) alone left 8 x (1,775 - 1,370 - 10) - 3,000 = 160 tokens, under the scaled
+    min_cap of 167: every input was skipped and the rehearsal failed where the 12-hour run would have worked."""
+    from submission.config import load_profile
+    from submission.grid import profile_line
+    from submission.grid.both import line_configs, load_both_profile
+
+    if profile_line(name) == "both":
+        schedule = line_configs(load_both_profile(name), REHEARSAL_S, scale=True)[0].schedule
+    else:
+        schedule = load_profile(name).schedule.scaled(REHEARSAL_S)
+    inputs = [InputInfo("00576224", 0, 1_400, 1), InputInfo("007bbfb7", 0, 2_900, 1),
+              InputInfo("009d5c81", 0, 6_100, 2), InputInfo("009d5c81", 1, 6_300, 2)]
+    scheduler = Scheduler(schedule, inputs)
+    first = scheduler.next(1370.0)
+    assert scheduler.skipped == [] and first is not None and first.level is Level.FIRST
+    assert schedule.min_cap <= first.cap <= schedule.cap_first_single
+    assert sorted(r.key for r in [first] + drain(scheduler, 1370.0)) == sorted(i.key for i in inputs)
 
 
 def second_order(config: ScheduleConfig, infos: list[InputInfo], firsts: dict[str, dict]) -> list[str]:

@@ -37,7 +37,6 @@ from submission.answers import AnswerFile, render_submission
 from submission.attempts import read_log
 from submission.config import Profile, ProfileError, _build, load_profile, profile_to_toml, read_profile
 from submission.grid.config import GridProfile, grid_profile_to_toml, load_grid_profile
-from submission.grid.merge import merge_logs
 from submission.score import score
 from submission.tasks import LoadError
 
@@ -141,6 +140,9 @@ def line_command(module: str, python: str, args: argparse.Namespace, folder: Pat
 
 def run(args: argparse.Namespace) -> int:
     """The run for parsed arguments (shared with submission.main, whose other flags must be unset)."""
+    # here, not at the top: the merge needs numpy, and preflight's machine stage loads combined profiles from this
+    # module under Kaggle's bare Python, before the wheels are installed (issue 27)
+    from submission.grid.merge import merge_logs
     from submission.main import run_tasks, start_watchdog
 
     started = time.monotonic()

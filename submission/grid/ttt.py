@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 from submission.grid.format import Encoded, encode
 from submission.tasks import Task
-from submission.views import View, colour_permutation
 
 
 @dataclass(frozen=True)
@@ -49,6 +48,8 @@ class TTTConfig:
 def training_sequences(task: Task, config: TTTConfig, max_len: int, seed: int = 0) -> list[Encoded]:
     """`config.sequences` augmented copies of the demonstrations, the transforms interleaved so that a short list
     still covers all dihedral transforms; deterministic per task and seed."""
+    from submission.views import View, colour_permutation  # numpy: not for a profile's TTTConfig (issue 27)
+
     rng = random.Random(f"ttt:{seed}:{task.id}")
     out = []
     for i in range(config.sequences):
