@@ -137,6 +137,25 @@ def prepare_answer_file(args: argparse.Namespace, competition: str, rerun: bool)
     return choice.path, fallback
 
 
+def machine_preflight(mount: Path, work: Path, timeout: float) -> None:
+    """The preflight's machine stage (GPUs, driver against the lock's CUDA) before anything heavy: it needs only the
+    standard library, the manifest and the kit, so a wrong machine is refused before gigabytes are extracted and
+    installed. Run on a small view: the mounted manifest and the kit this script runs from."""
+    if not (mount / MANIFEST).is_file():
+        raise BootError(f"{mount}: no {MANIFEST}: not a whole kit dataset (was it uploaded with the command "
+                        "build.bundle printed?)")
+    view = work / "machine-view"
+    shutil.rmtree(view, ignore_errors=True)
+    view.mkdir(parents=True)
+    os.symlink(mount.resolve() / MANIFEST, view / MANIFEST)
+    os.symlink(Path(os.path.abspath(__file__)).parents[1], view / "kit")
+    result = subprocess.run([sys.executable, "-m", "submission.preflight", "--bundle", str(view), "--stage",
+                             "machine"], cwd=view / "kit", capture_output=True, text=True, timeout=timeout)
+    print(result.stdout + result.stderr, end="", flush=True)
+    if result.returncode != 0:
+        raise BootError("the preflight refused this machine (report above)")
+
+
 def materialised(bundle: Path, work: Path) -> Path:
     """The bundle with every manifest path in place (archives the Kaggle client uploaded and Kaggle kept extracted to
     `work`, hashed as they are written), after a check that the disk holds what extraction writes."""
@@ -185,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     args.competition = args.competition or own_settings().get("competition") or COMPETITION
     try:
         tasks, fallback = prepare_answer_file(args, args.competition, rerun)
+        machine_preflight(args.bundle, work, step_timeout(args.started, time.time(), 300))
         bundle = materialised(args.bundle, work)
         verify(bundle, args.full_verify)
         meta = json.loads((bundle / "kit" / "bundle.json").read_text())
