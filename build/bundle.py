@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from offline_wheels.lock import LOCKS, fetch, sha256, target as target_spec
-from submission.boot import MODEL_DIRS, manifest_problems
+from submission.bundle_files import MODEL_DIRS, manifest_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 KIT_PATHS = ("submission", "profiles", "requirements", "examples")

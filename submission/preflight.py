@@ -35,7 +35,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from submission.boot import MODEL_DIRS
+from submission.bundle_files import MODEL_DIRS, split_parts
 from submission.config import Profile, ProfileError, load_profile
 from submission.grid import profile_line, profile_path
 from submission.grid.both import BothProfile, line_configs, load_both_profile
@@ -327,12 +327,12 @@ def gather_machine(bundle: Path) -> tuple[str, Machine]:
 def gather(bundle: Path, work: Path) -> Facts:
     """The facts of this machine and bundle (nvidia-smi, the file system); seconds, nothing is hashed."""
     manifest = json.loads((bundle / "manifest.json").read_text())
-    suffix = manifest.get("split_part_suffix", ".part")
     gpus, driver = _nvidia_smi()
     work.mkdir(parents=True, exist_ok=True)
     return Facts(
         gpus=gpus, driver=driver, free_disk_bytes=shutil.disk_usage(work).free,
-        split_bytes=sum(p.stat().st_size for p in bundle.rglob(f"*{suffix}[0-9][0-9][0-9]")),
+        split_bytes=sum(manifest["files"][part]["bytes"] for parts in split_parts(manifest).values()
+                        for part in parts),  # the joined files boot writes (bundle_files.join_split_files)
         **model_facts(bundle, MODEL_DIRS[0]), manifest=manifest,
         bundle_profile=json.loads((bundle / "kit" / "bundle.json").read_text())["profile"])
 

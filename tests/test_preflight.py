@@ -127,8 +127,10 @@ def fake_bundle(root: Path, profile: str, lock: str, config: dict) -> Path:
     (root / "model" / "config.json").write_text(json.dumps(config))
     for number in range(2):
         (root / "model" / f"model.safetensors.part{number:03d}").write_bytes(b"\0" * 1000)
+    files = {str(p.relative_to(root)): {"bytes": p.stat().st_size, "sha256": ""} for p in root.rglob("*")
+             if p.is_file()}
     (root / "manifest.json").write_text(json.dumps({"lock": lock, "profile": profile, "target": "t", "model": {},
-                                                    "split_part_suffix": ".part"}))
+                                                    "split_part_suffix": ".part", "files": files}))
     return root
 
 
