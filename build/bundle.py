@@ -7,20 +7,25 @@
 Layout: `wheels/` (the target's locked wheels, offline_wheels/), `model/` (the checkpoint to serve), `kit/` (the
 solver's code, the profiles, the runtime requirements and the bundle's profile name), `manifest.json` (every file
 with size and sha256, the lock, the kit's git commit, the model's provenance: source, expert list, recipe, patch, as
-build/ recorded them) and `dataset-metadata.json` for the Kaggle CLI (`kaggle datasets create -p DIR`). Files above
-`--max-file-bytes` are split into numbered parts and reassembled at boot (submission/boot.py). `verify` re-checks
-every hash and says what is wrong. A grid-line profile (`line = "grid"`) bundles build.grid_vocab's 16-token
-checkpoint the same way; boot runs it through submission.main, which hands it to the grid line. A combined profile
-(`line = "both"`) takes two: `--model` the reasoning line's checkpoint into `model/`, `--grid-model` the 16-token grid
-model into `grid-model/`, both in the manifest; `kit/bundle.json` says `"line": "both"` and boot runs
-submission.grid.both with both. The notebook is kaggle/notebook.ipynb (build.notebook).
+build/ recorded them) and `dataset-metadata.json` for the Kaggle CLI. The manifest lists exactly what the client
+uploads (upload_commands: `kaggle datasets create -p DIR --dir-mode tar`, one archive per top-level folder; the
+client never uploads dataset-metadata.json, so the manifest leaves it out, and a path it would leave out of an
+archive is refused before anything is copied). Files above `--max-file-bytes` are split into numbered parts and
+reassembled at boot (submission/boot.py). `verify` re-checks every hash and says what is wrong. A grid-line
+profile (`line = "grid"`) bundles build.grid_vocab's 16-token checkpoint the same way; boot runs it through
+submission.main, which hands it to the grid line. A combined profile (`line = "both"`) takes two: `--model` the
+reasoning line's checkpoint into `model/`, `--grid-model` the 16-token grid model into `grid-model/`, both in the
+manifest; `kit/bundle.json` says `"line": "both"` and boot runs submission.grid.both with both. The notebook is
+kaggle/notebook.ipynb (build.notebook).
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -32,6 +37,16 @@ from submission.bundle_files import MODEL_DIRS, manifest_problems
 ROOT = Path(__file__).resolve().parents[1]
 KIT_PATHS = ("submission", "profiles", "requirements", "examples")
 PART = ".part"
+METADATA = "dataset-metadata.json"  # the Kaggle CLI's, read by it and never uploaded (kaggle 2.2.5 upload_files)
+# kaggle 2.2.5's DEFAULT_IGNORE_PATTERNS (kaggle/api/kaggle_api_extended.py): the client leaves out a top-level entry
+# whose name matches, and inside a folder's archive every path relative to that folder that matches (a folder's with
+# a trailing "/"), with everything under it. tests/test_kaggle_upload.py compares them with the installed client's.
+CLIENT_IGNORES = (".git/", "*/.git/", ".cache/", ".huggingface/")
+# The folders go up as one uncompressed tar each: wheels and safetensors hardly compress (zip saved 2% of the CPU
+# bundle) and the client's zip is DEFLATE over every byte, 5-14x slower there (tests/test_kaggle_upload.py drives
+# the client with this mode; its docstring has the timings).
+DIR_MODE = "tar"
+VERSION_NOTES = "what changed"
 
 
 def _git_commit() -> str:
@@ -70,8 +85,41 @@ def _split(path: Path, limit: int, block: int = 64 << 20) -> None:
 
 
 def manifest_files(out: Path) -> dict[str, dict]:
+    """Every file the client uploads with its size and sha256: all but manifest.json and the CLI's metadata."""
     return {str(p.relative_to(out)): {"bytes": p.stat().st_size, "sha256": sha256(p)}
-            for p in sorted(out.rglob("*")) if p.is_file() and p.name not in ("manifest.json",)}
+            for p in sorted(out.rglob("*"))
+            if p.is_file() and str(p.relative_to(out)) not in ("manifest.json", METADATA)}
+
+
+def _client_skips(rel: str, is_dir: bool) -> str:
+    """The pattern by which the client skips `rel` (kaggle 2.2.5's should_ignore: fnmatch, a folder's path with a
+    trailing "/", "/"-ending patterns match folders only), "" if none."""
+    path = rel + "/" if is_dir else rel
+    return next((p for p in CLIENT_IGNORES if (is_dir or not p.endswith("/")) and fnmatch.fnmatch(path, p)), "")
+
+
+def client_ignored(path: str) -> str:
+    """The pattern by which the kaggle client would leave the bundle's file `path` ("/"-separated) out of an upload:
+    its top-level folder, a folder inside it (as a path relative to the top-level folder) or the file itself; ""
+    if none."""
+    top, *inner = path.split("/")
+    if not inner:
+        return _client_skips(top, False)
+    checks = [(top, True)] + [("/".join(inner[:i]), True) for i in range(1, len(inner))] + [("/".join(inner), False)]
+    return next((pattern for rel, is_dir in checks if (pattern := _client_skips(rel, is_dir))), "")
+
+
+def refuse_client_ignored(sources: dict[str, Path]) -> None:
+    """Refuse, before anything is copied, a file the client would leave out (boot would then find it missing):
+    `sources` maps each bundle folder to the folder it is copied from."""
+    left_out = [(f"{folder}/{p.relative_to(source).as_posix()}", source) for folder, source in sources.items()
+                for p in sorted(source.rglob("*")) if p.is_file()]
+    left_out = [(path, source, pattern) for path, source in left_out if (pattern := client_ignored(path))]
+    if left_out:
+        path, source, pattern = left_out[0]
+        raise ValueError(f"{path} (from {source}): the kaggle client leaves paths matching {pattern!r} out of an "
+                         f"upload, so boot would find {len(left_out)} file(s) missing; remove them from {source} "
+                         f"first (`hf download --local-dir` leaves a .cache/ folder in the checkpoint)")
 
 
 PLACEHOLDER_ID = "user/arc-kit-bundle"
@@ -85,13 +133,23 @@ def choose_dataset_id(given: str | None, env: dict[str, str]) -> str:
     return f"{user}/arc-kit-bundle" if user else PLACEHOLDER_ID
 
 
+def upload_commands(dataset: Path, notes: str = VERSION_NOTES) -> tuple[list[str], list[str]]:
+    """The client's commands that upload `dataset`: the first upload, and a new version of it (an update). Without
+    `--dir-mode` the client uploads the top-level files only (manifest.json): no wheels, model or kit."""
+    return (["kaggle", "datasets", "create", "-p", str(dataset), "--dir-mode", DIR_MODE],
+            ["kaggle", "datasets", "version", "-p", str(dataset), "-m", notes, "--dir-mode", DIR_MODE])
+
+
 def upload_advice(dataset: Path, chosen_id: str) -> str:
     """What to do next: upload, or first set a real dataset id (never 'upload' a placeholder id)."""
+    create, version = (shlex.join(command) for command in upload_commands(dataset))
+    how = (f"with `{create}` (each folder goes up as one .tar; the client writes it under $TMPDIR first), "
+           f"and later versions with `{version}`")
     if chosen_id == PLACEHOLDER_ID:
-        return (f"{dataset}: verified, but its dataset-metadata.json still has the placeholder id {PLACEHOLDER_ID!r}: "
+        return (f"{dataset}: verified, but its {METADATA} still has the placeholder id {PLACEHOLDER_ID!r}: "
                 f"set your own (edit \"id\" there, or build again with --id YOURNAME/SLUG or KAGGLE_USERNAME set), "
-                f"then upload with `kaggle datasets create -p {dataset}`")
-    return f"{dataset}: verified; upload as {chosen_id} with `kaggle datasets create -p {dataset}`"
+                f"then upload {how}")
+    return f"{dataset}: verified; upload as {chosen_id} {how}"
 
 
 def bundled_line(profile: str) -> str:
@@ -147,6 +205,8 @@ def bundle(profile: str, model: Path, out: Path, target: str = "cpu-py311", data
         models[MODEL_DIRS[1]] = (grid_model, "grid")
     for checkpoint, runs in models.values():
         check_model(checkpoint, runs)
+    refuse_client_ignored({**{folder: checkpoint for folder, (checkpoint, _) in models.items()},
+                           **{f"kit/{name}": ROOT / name for name in KIT_PATHS}})
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     (partial / "wheels").mkdir(parents=True)
@@ -161,7 +221,7 @@ def bundle(profile: str, model: Path, out: Path, target: str = "cpu-py311", data
     for path in sorted(partial.rglob("*")):
         if path.is_file() and path.stat().st_size > max_file_bytes:
             _split(path, max_file_bytes)
-    (partial / "dataset-metadata.json").write_text(json.dumps(
+    (partial / METADATA).write_text(json.dumps(
         {"title": dataset_id.split("/")[-1], "id": dataset_id, "licenses": [{"name": "other"}]}, indent=1))
     manifest = {"files": manifest_files(partial), "lock": (LOCKS / f"{target}.txt").read_text(),
                 "target": target, "profile": profile, "kit_commit": _git_commit(), "model": _provenance(model),
@@ -174,9 +234,10 @@ def bundle(profile: str, model: Path, out: Path, target: str = "cpu-py311", data
 
 
 def verify(folder: Path) -> list[str]:
-    """What is wrong with a bundle (empty if nothing): missing, changed or unexpected files."""
+    """What is wrong with a bundle (empty if nothing): missing, changed or unexpected files (the CLI's metadata file,
+    never uploaded, is expected and unlisted)."""
     problems = manifest_problems(folder)
-    listed = set(json.loads((folder / "manifest.json").read_text())["files"]) | {"manifest.json"}
+    listed = set(json.loads((folder / "manifest.json").read_text())["files"]) | {"manifest.json", METADATA}
     problems += [f"not in the manifest: {p.relative_to(folder)}" for p in sorted(folder.rglob("*"))
                  if p.is_file() and str(p.relative_to(folder)) not in listed]
     return problems
