@@ -37,7 +37,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script (kit/submission/boot.py): the kit's own modules, stdlib-only ones
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from submission import kaggle_mounts  # noqa: E402
+from submission import kaggle_mounts, locked_install  # noqa: E402
 from submission.bundle_files import (MANIFEST, MODEL_DIRS, disk_needed, join_split_files, manifest_problems,  # noqa: E402
                                      materialise, mounted, top_levels)
 from submission.kaggle_mounts import COMPETITION, EVALUATION_FILE, EVALUATION_SOLUTIONS, TEST_FILE  # noqa: E402
@@ -51,6 +51,11 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFL
 
 class BootError(RuntimeError):
     pass
+
+
+def say(message: str) -> None:
+    """One line of boot's log (the notebook's output is the user's only view of a Kaggle run)."""
+    print(f"boot: {message}", flush=True)
 
 
 def remaining(started: float, now: float) -> float:
@@ -91,19 +96,6 @@ def run_step(command: list[str], cwd: Path, env: dict, timeout: float, what: str
         return subprocess.run(command, cwd=cwd, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise BootError(f"{what} did not end within {timeout:.0f} s (stopped before the time limit)") from None
-
-
-def install(bundle: Path, requirements: str, timeout: float) -> None:
-    requirements = bundle / "kit" / requirements
-    try:
-        result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--find-links",
-                                 str(bundle / "wheels"), "-r", str(requirements)], capture_output=True, text=True,
-                                timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise BootError(f"installing from {bundle / 'wheels'} took over {timeout:.0f} s") from None
-    if result.returncode != 0:
-        raise BootError(f"installing from {bundle / 'wheels'} failed (a wheel missing or for another Python?):\n"
-                        + (result.stderr or result.stdout)[-2000:])
 
 
 def own_settings() -> dict:
@@ -209,10 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         verify(bundle, args.full_verify)
         meta = json.loads((bundle / "kit" / "bundle.json").read_text())
         manifest = json.loads((bundle / MANIFEST).read_text())
-        install(bundle, meta["requirements"], step_timeout(args.started, time.time(), 3600))
-        env = dict(os.environ, **OFFLINE)
+        python = locked_install.prepare(sys.executable, work / "venv", bundle / "wheels", manifest["lock"],
+                                        step_timeout(args.started, time.time(), 3600), log=say)
+        env = dict(locked_install.isolated_env(os.environ), **OFFLINE)  # the image's PYTHONPATH never leaks in
         kit = bundle / "kit"
-        preflight = subprocess.run([sys.executable, "-m", "submission.preflight", "--bundle", str(bundle),
+        preflight = subprocess.run([str(python), "-m", "submission.preflight", "--bundle", str(bundle),
                                     "--work", str(work)], cwd=kit, env=env, capture_output=True, text=True,
                                    timeout=step_timeout(args.started, time.time(), 300))
         print(preflight.stdout + preflight.stderr, end="")
@@ -229,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                            grid_model)
         else:
             status = rehearse(args, meta["profile"], model, env, grid_model)
-    except (BootError, OSError, KeyError, ValueError, subprocess.SubprocessError) as err:
+    except (BootError, locked_install.InstallError, OSError, KeyError, ValueError, subprocess.SubprocessError) as err:
         print(f"boot: {err}", file=sys.stderr)
         status = 3
     if fallback is not None:
