@@ -10,11 +10,13 @@ margin and cap in proportion instead (`ScheduleConfig.scaled`: the notebook's co
 file exists, complete, before the first request and is rewritten atomically after every attempt (a failed write,
 e.g. a full disk, leaves the previous file and is retried); every finished attempt is appended to the log (flushed
 and fsynced). An existing log is refused unless `--resume`, which continues from it: a torn last line is cut,
-finished attempts are restored, never redone. A watchdog ends the process before the deadline whatever the engine
-does (it ends with `main`, so in-process callers never meet it). SIGTERM stops new work, aborts what runs and ends
+finished attempts are restored (into the answer file at once, before the engine starts), never redone. A watchdog
+ends the process before the deadline whatever the engine does (it ends with `main`, so in-process callers never meet
+it). SIGTERM stops new work, aborts what runs and ends
 with the answers so far. An attempt the engine fails is retried once; if the engine dies, its leftover processes are
 ended (GPU memory freed), a new engine starts in fresh processes and the running attempts go back to the queue; a
-second death, or a restart that fails, ends the run with every answer kept.
+second death, or a restart that fails, ends the run with every answer kept and exit status 1 (boot's supervisor then
+relaunches it with `--resume`, in new processes).
 At the hard stop (or on SIGTERM) every running attempt is aborted and logged as aborted (`finish = "aborted"`);
 `--resume` does not restore those, so a later run redoes them.
 """
@@ -189,18 +191,24 @@ class Run:
             print(f"answer file {self.answers.path} written again (after: {self.unwritten})", file=sys.stderr)
             self.unwritten = ""
 
-    def restore(self, scheduler: Scheduler, attempts: Attempts) -> None:
+    def restore(self, scheduler: Scheduler) -> list[AttemptRecord]:
+        """`--resume`: the log's finished attempts into the scheduler and the answer file, before the engine starts:
+        the answer file was just written with [[0]] everywhere, and must not stay so for the minutes an engine takes
+        to start (a run killed then, or ended by its deadline, would leave it so while the log holds the answers)."""
         repaired = repair_log(self.args.log)  # before appending: a torn line would swallow the next record
         if repaired:
             print(f"attempt log: {repaired}", file=sys.stderr)
+        restored, changed = [], set()
         for record in read_log(self.args.log):
             if record.task_id not in self.by_id or record.finish == "aborted":  # cut by a hard stop: not finished
                 continue
             scheduler.restore(record.outcome())
-            attempts.note_program(record)
             self.finished.append(record)
-            self.update_answers(self.candidates.add_record(record))
-        self.stats["restored"] = len(self.finished)
+            restored.append(record)
+            changed.update(self.candidates.add_record(record))
+        self.update_answers(sorted(changed))  # one write for the whole log
+        self.stats["restored"] = len(restored)
+        return restored
 
     def on_sigterm(self) -> None:
         print("SIGTERM: no new attempts; aborting the running ones and ending with the answers so far",
@@ -219,14 +227,17 @@ class Run:
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.on_sigterm)
         except (ValueError, RuntimeError):  # not the main thread (an in-process caller): SIGTERM keeps its default
             pass
+        restored = []
+        if self.args.resume and self.args.log and Path(self.args.log).exists():
+            restored = self.restore(scheduler)
         self.not_engine = descendants(os.getpid())  # an in-process caller's own children are never swept
         engine = make_engine(profile)
         await engine.start()
         with Sandbox(profile.sandbox) as sandbox:
             self.sandbox = sandbox
             attempts = Attempts(profile, self.by_id, engine, sandbox, render_ids, self.clock, tool_turn_ids)
-            if self.args.resume and self.args.log and Path(self.args.log).exists():
-                self.restore(scheduler, attempts)
+            for record in restored:
+                attempts.note_program(record)
             log = AttemptLog(self.args.log) if self.args.log else None
             try:
                 await self.loop(scheduler, attempts, log, len(infos))
@@ -304,9 +315,9 @@ class Run:
                     if not scheduler.on_failed(self.clock(), request):  # failed twice: finished without answer
                         self.record(scheduler, record, log, scheduled=True)
                 if dead:
-                    if restarted:
-                        print("the engine died again after its restart: stopping with the answers so far",
-                              file=sys.stderr)
+                    if restarted:  # exit 1: boot's supervisor relaunches the solver (--resume) in new processes
+                        self.failed = "the engine died again after its restart"
+                        print(f"{self.failed}: stopping with the answers so far", file=sys.stderr)
                         break
                     print("the engine died: restarting it once in new processes; its running attempts go back to "
                           "the queue", file=sys.stderr)
