@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -41,6 +40,8 @@ from submission import kaggle_mounts, locked_install  # noqa: E402
 from submission.bundle_files import (MANIFEST, MODEL_DIRS, disk_needed, join_split_files, manifest_problems,  # noqa: E402
                                      materialise, mounted, top_levels)
 from submission.kaggle_mounts import COMPETITION, EVALUATION_FILE, EVALUATION_SOLUTIONS, TEST_FILE  # noqa: E402
+from submission.heartbeat import path_for_log  # noqa: E402
+from submission.supervise import SuperviseConfig, supervise  # noqa: E402
 
 TIME_LIMIT_S = 12 * 3600
 END_MARGIN_S = 60.0  # every step boot waits for ends this long before the limit (the solver's deadline twice this)
@@ -91,9 +92,15 @@ def rehearsal_problems(task_ids: list[str], log_lines: list[str]) -> list[str]:
     return [f"no attempt finished on task {t}" for t in task_ids if t not in finished]
 
 
-def run_step(command: list[str], cwd: Path, env: dict, timeout: float, what: str) -> subprocess.CompletedProcess:
+def run_step(command: list[str], cwd: Path, env: dict, timeout: float, what: str, heartbeat: Path | None = None,
+             supervision: SuperviseConfig = SuperviseConfig(), until=None) -> int:
+    """The solver under boot's supervisor (submission/supervise.py): relaunched with --resume after an abnormal exit,
+    a hang or an endless engine start (read from its `heartbeat` file), what it left ended before each relaunch;
+    `until()` true ends it with SIGTERM. Its exit status (0 also when `until` ended it); BootError when it outlives
+    `timeout` (killed then, its processes with it)."""
     try:
-        return subprocess.run(command, cwd=cwd, env=env, timeout=timeout)
+        return supervise(command, "--resume", cwd, env, timeout, heartbeat, supervision, until=until,
+                         log=lambda message: print(f"boot: {message}", flush=True))
     except subprocess.TimeoutExpired:
         raise BootError(f"{what} did not end within {timeout:.0f} s (stopped before the time limit)") from None
 
@@ -214,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         joined = join_split_files(bundle, work)
         model = joined / MODEL_DIRS[0]
         grid_model = joined / MODEL_DIRS[1] if meta.get("line") == "both" else None
-        args.bundle = bundle
+        args.bundle, args.python = bundle, str(python)
+        args.supervision = SuperviseConfig(**meta.get("boot", {}))
         if rerun and tasks is None:
             raise BootError(f"the rerun has no {TEST_FILE} under {args.input}")
         if rerun:
@@ -222,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                            grid_model)
         else:
             status = rehearse(args, meta["profile"], model, env, grid_model)
-    except (BootError, locked_install.InstallError, OSError, KeyError, ValueError, subprocess.SubprocessError) as err:
+    except (BootError, locked_install.InstallError, OSError, KeyError, TypeError, ValueError,
+            subprocess.SubprocessError) as err:
         print(f"boot: {err}", file=sys.stderr)
         status = 3
     if fallback is not None:
@@ -243,30 +252,43 @@ def line_logs(out: Path, log: Path, grid_model: Path | None) -> dict[str, Path]:
 
 
 def solver_command(profile: str, model: Path, tasks: Path, out: Path, deadline: float, log: Path,
-                   grid_model: Path | None) -> list[str]:
+                   grid_model: Path | None, python: str = sys.executable) -> list[str]:
     """submission.main on the bundle's model, or with a combined bundle's grid model submission.grid.both, which
-    runs both lines on their shares of the machine and writes the merged answers (each line's log: line_logs)."""
+    runs both lines on their shares of the machine and writes the merged answers (each line's log: line_logs);
+    `python` is boot's own environment's."""
     if grid_model is None:
-        return [sys.executable, "-m", "submission.main", "--tasks", str(tasks), "--out", str(out), "--profile",
+        return [python, "-m", "submission.main", "--tasks", str(tasks), "--out", str(out), "--profile",
                 profile, "--model", str(model), "--deadline", str(int(deadline)), "--log", str(log)]
-    return [sys.executable, "-m", "submission.grid.both", "--tasks", str(tasks), "--out", str(out), "--profile",
+    return [python, "-m", "submission.grid.both", "--tasks", str(tasks), "--out", str(out), "--profile",
             profile, "--reasoning-model", str(model), "--grid-model", str(grid_model), "--deadline",
             str(int(deadline))]
 
 
 def solve(args: argparse.Namespace, profile: str, model: Path, env: dict, tasks: Path, out: Path,
-          rehearsal: tuple[int, Path | None, list[str]] | None, log: Path, grid_model: Path | None = None) -> int:
-    """Run the solver (the hidden set, or `rehearsal` = (tasks, solutions, their ids) on a scaled schedule)."""
+          rehearsal: tuple[int, Path | None, list[str]] | None, log: Path, grid_model: Path | None = None,
+          supervision: SuperviseConfig | None = None) -> int:
+    """Run the solver (the hidden set, or `rehearsal` = (tasks, solutions, their ids) on a scaled schedule) with
+    `args.python` (boot's environment; default this interpreter) under boot's supervisor, its heartbeat beside `log`.
+    `supervision` (default `args.supervision`, the bundle's kit/bundle.json "boot" knobs) defaults to: a hang after
+    1,800 s with work queued and neither a finished attempt nor a generated token (a running request generates
+    tokens every second, a sandbox check takes seconds: 30 quiet minutes are no slow run, and a hang found then
+    still leaves hours); an engine start (launch to solving) bounded at 3,600 s (the study's MoE engine was ready
+    at ~1,370 s: over twice that is a stuck start, not a slow one); at most 3 relaunches (a fault that comes back
+    every time costs at most three engine starts) 30 s apart (the driver frees a killed process's GPU memory; no
+    crash loop); none unless an engine start plus 600 s of solving fit in the time left."""
     deadline, timeout = solver_deadline(args.started, time.time(), args.rehearsal_deadline if rehearsal else None)
     if deadline < 1:
         raise BootError(f"no time left for the solver ({deadline:.0f} s before its margins)")
-    command = solver_command(profile, model, tasks, out, deadline, log, grid_model)
+    heartbeat = path_for_log(log)  # submission.main's own default; given to both lines' run too
+    supervision = supervision or getattr(args, "supervision", None) or SuperviseConfig()
+    command = solver_command(profile, model, tasks, out, deadline, log, grid_model,
+                             getattr(args, "python", sys.executable)) + ["--heartbeat", str(heartbeat)]
     if not rehearsal:
-        return run_step(command, args.bundle / "kit", env, timeout, "the solver").returncode
+        return run_step(command, args.bundle / "kit", env, timeout, "the solver", heartbeat, supervision)
     command += ["--max-tasks", str(rehearsal[0]), "--scale-schedule"]
     command += ["--solutions", str(rehearsal[1])] if rehearsal[1] else []
     return run_rehearsal(command, args.bundle / "kit", env, timeout, None if args.rehearsal_full else
-                         (rehearsal[2], list(line_logs(out, log, grid_model).values())))
+                         (rehearsal[2], list(line_logs(out, log, grid_model).values())), heartbeat, supervision)
 
 
 def finished_everywhere(task_ids: list[str], logs: list[Path]) -> bool:
@@ -279,27 +301,24 @@ def finished_everywhere(task_ids: list[str], logs: list[Path]) -> bool:
 
 
 def run_rehearsal(command: list[str], cwd: Path, env: dict, timeout: float,
-                  until: tuple[list[str], list[Path]] | None) -> int:
-    """The rehearsal's solver. With `until` = (task ids, logs) it is ended by SIGTERM (it aborts what runs, logs it
-    and prints its summary) as soon as every task has a finished attempt in every log (a combined run: each line's):
-    that is what a rehearsal must show, and the rest of its deadline would be commit-run time spent for nothing. Its
-    exit status is then 0, whether its handler caught the SIGTERM (143) or it died of it."""
-    proc = subprocess.Popen(command, cwd=cwd, env=env)
-    end, ended = time.monotonic() + timeout, False
-    while proc.poll() is None:
-        if time.monotonic() > end:
-            proc.kill()
-            proc.wait()
-            raise BootError(f"the solver did not end within {timeout:.0f} s (stopped before the time limit)")
-        if until and not ended:
-            if finished_everywhere(*until):
-                print("boot: rehearsal: every task has a finished attempt: ending the solver now (SIGTERM; "
-                      "--rehearsal-full runs it to its deadline)", flush=True)
-                proc.send_signal(signal.SIGTERM)
-                ended = True
-        time.sleep(0.5)
-    # a solver already past its own handler (shutting down after its last task) dies of the signal instead of 143
-    return 0 if ended and proc.returncode in (128 + signal.SIGTERM, -signal.SIGTERM) else proc.returncode
+                  until: tuple[list[str], list[Path]] | None, heartbeat: Path | None = None,
+                  supervision: SuperviseConfig = SuperviseConfig()) -> int:
+    """The rehearsal's solver, supervised as in the rerun. With `until` = (task ids, logs) it is ended by SIGTERM (it
+    aborts what runs, logs it and prints its summary) as soon as every task has a finished attempt in every log (a
+    combined run: each line's): that is what a rehearsal must show, and the rest of its deadline would be commit-run
+    time spent for nothing. Its exit status is then 0, whether its handler caught the SIGTERM (143) or it died of it
+    (a solver already past its handler, shutting down after its last task). A relaunch needs an engine start plus
+    `min_solve_s` of time left: with the default knobs a 1,800 s rehearsal has none, so a crash fails the rehearsal
+    (as it should: the team learns it before a rerun) instead of being relaunched."""
+
+    def goal_met() -> bool:
+        if until is None or not finished_everywhere(*until):
+            return False
+        print("boot: rehearsal: every task has a finished attempt: ending the solver now (SIGTERM; "
+              "--rehearsal-full runs it to its deadline)", flush=True)
+        return True
+
+    return run_step(command, cwd, env, timeout, "the solver", heartbeat, supervision, until=goal_met)
 
 
 def rehearse(args: argparse.Namespace, profile: str, model: Path, env: dict, grid_model: Path | None = None) -> int:

@@ -2,7 +2,7 @@
 
     python -m submission.main --tasks PATH --out submission.json --profile NAME [--model DIR]
                               [--deadline SECONDS [--scale-schedule]] [--log attempts.jsonl] [--resume]
-                              [--solutions PATH] [--max-tasks N]
+                              [--solutions PATH] [--max-tasks N] [--heartbeat PATH]
 
 `--deadline` is the time limit L in seconds from now (default: the profile's schedule.time_limit_s); the schedule's
 margins count back from it, and a limit inside them is refused with the numbers. `--scale-schedule` shrinks every
@@ -10,11 +10,15 @@ margin and cap in proportion instead (`ScheduleConfig.scaled`: the notebook's co
 file exists, complete, before the first request and is rewritten atomically after every attempt (a failed write,
 e.g. a full disk, leaves the previous file and is retried); every finished attempt is appended to the log (flushed
 and fsynced). An existing log is refused unless `--resume`, which continues from it: a torn last line is cut,
-finished attempts are restored, never redone. A watchdog ends the process before the deadline whatever the engine
-does (it ends with `main`, so in-process callers never meet it). SIGTERM stops new work, aborts what runs and ends
+finished attempts are restored (into the answer file at once, before the engine starts), never redone. A watchdog
+ends the process before the deadline whatever the engine does (it ends with `main`, so in-process callers never meet
+it). SIGTERM stops new work, aborts what runs and ends
 with the answers so far. An attempt the engine fails is retried once; if the engine dies, its leftover processes are
 ended (GPU memory freed), a new engine starts in fresh processes and the running attempts go back to the queue; a
-second death, or a restart that fails, ends the run with every answer kept.
+second death, or a restart that fails, ends the run with every answer kept and exit status 1 (boot's supervisor then
+relaunches it with `--resume`, in new processes). The heartbeat file (`--heartbeat`, default: beside the log,
+attempts.heartbeat.json; submission/heartbeat.py) says at every loop iteration and phase change what the run is doing,
+for that supervisor to tell a hang or an endless engine start from a slow run.
 At the hard stop (or on SIGTERM) every running attempt is aborted and logged as aborted (`finish = "aborted"`);
 `--resume` does not restore those, so a later run redoes them.
 """
@@ -40,6 +44,7 @@ from submission.attempts import AttemptLog, AttemptRecord, read_log, repair_log
 from submission.config import Profile, ProfileError, load_profile, profile_to_toml
 from submission.engines.base import EngineDead
 from submission.grid import is_grid_profile, profile_line
+from submission.heartbeat import HeartbeatWriter, path_for_log
 from submission.processes import become_subreaper, descendants, end_processes, leftovers
 from submission.prompt import render, task_text, tool_turn
 from submission.sandbox import Sandbox
@@ -115,6 +120,13 @@ def refuse_old_log(args: argparse.Namespace) -> bool:
     return False
 
 
+def heartbeat_path(args: argparse.Namespace) -> Path | None:
+    """`--heartbeat`, or beside `--log` (attempts.heartbeat.json); None without either. Shared with the grid line."""
+    if getattr(args, "heartbeat", None):
+        return Path(args.heartbeat)
+    return path_for_log(args.log) if getattr(args, "log", None) else None
+
+
 def go_offline() -> None:
     """The competition box has no network: libraries must never wait on a hub or send usage statistics."""
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
@@ -138,6 +150,18 @@ class Run:
         self.failed = ""  # why the run ended early with an error (an engine that could not be restarted)
         self.sandbox: Sandbox | None = None
         self.not_engine: set[int] = set()  # processes that were there before the engine
+        self.heartbeat = HeartbeatWriter(heartbeat_path(args))
+        self.engines: list = []  # every engine this run started (a restart adds one): the heartbeat counts their tokens
+
+    def new_engine(self):
+        engine = make_engine(self.profile)
+        self.engines.append(engine)
+        return engine
+
+    def beat(self, phase: str, scheduler: Scheduler | None = None, running: int = 0) -> None:
+        """The heartbeat: the phase, attempts finished, work queued and running, tokens generated so far."""
+        tokens = sum(engine.meter.generated for engine in self.engines)
+        self.heartbeat.beat(phase, len(self.finished), scheduler.pending() if scheduler else 0, running, tokens)
 
     def flush_stats(self, engine, final: bool = False) -> None:
         """Append the engine's finished windows to the stats file; `final` ends the one in progress too."""
@@ -189,18 +213,24 @@ class Run:
             print(f"answer file {self.answers.path} written again (after: {self.unwritten})", file=sys.stderr)
             self.unwritten = ""
 
-    def restore(self, scheduler: Scheduler, attempts: Attempts) -> None:
+    def restore(self, scheduler: Scheduler) -> list[AttemptRecord]:
+        """`--resume`: the log's finished attempts into the scheduler and the answer file, before the engine starts:
+        the answer file was just written with [[0]] everywhere, and must not stay so for the minutes an engine takes
+        to start (a run killed then, or ended by its deadline, would leave it so while the log holds the answers)."""
         repaired = repair_log(self.args.log)  # before appending: a torn line would swallow the next record
         if repaired:
             print(f"attempt log: {repaired}", file=sys.stderr)
+        restored, changed = [], set()
         for record in read_log(self.args.log):
             if record.task_id not in self.by_id or record.finish == "aborted":  # cut by a hard stop: not finished
                 continue
             scheduler.restore(record.outcome())
-            attempts.note_program(record)
             self.finished.append(record)
-            self.update_answers(self.candidates.add_record(record))
-        self.stats["restored"] = len(self.finished)
+            restored.append(record)
+            changed.update(self.candidates.add_record(record))
+        self.update_answers(sorted(changed))  # one write for the whole log
+        self.stats["restored"] = len(restored)
+        return restored
 
     def on_sigterm(self) -> None:
         print("SIGTERM: no new attempts; aborting the running ones and ending with the answers so far",
@@ -209,6 +239,7 @@ class Run:
 
     async def go(self) -> None:
         profile = self.profile
+        self.beat("loading")
         infos = []
         render_ids, tool_turn_ids = make_renderer(profile)
         for task in self.tasks.tasks:
@@ -219,18 +250,23 @@ class Run:
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.on_sigterm)
         except (ValueError, RuntimeError):  # not the main thread (an in-process caller): SIGTERM keeps its default
             pass
+        restored = []
+        if self.args.resume and self.args.log and Path(self.args.log).exists():
+            restored = self.restore(scheduler)
         self.not_engine = descendants(os.getpid())  # an in-process caller's own children are never swept
-        engine = make_engine(profile)
+        self.beat("engine-start", scheduler)
+        engine = self.new_engine()
         await engine.start()
         with Sandbox(profile.sandbox) as sandbox:
             self.sandbox = sandbox
             attempts = Attempts(profile, self.by_id, engine, sandbox, render_ids, self.clock, tool_turn_ids)
-            if self.args.resume and self.args.log and Path(self.args.log).exists():
-                self.restore(scheduler, attempts)
+            for record in restored:
+                attempts.note_program(record)
             log = AttemptLog(self.args.log) if self.args.log else None
             try:
                 await self.loop(scheduler, attempts, log, len(infos))
             finally:
+                self.beat("done", scheduler)
                 if log is not None:
                     log.close()
                 self.flush_stats(attempts.engine, final=True)
@@ -244,10 +280,11 @@ class Run:
         except Exception as err:  # noqa: BLE001 - a dead engine may fail to close
             print(f"closing the engine: {type(err).__name__}: {err}", file=sys.stderr)
 
-    async def restart_engine(self, attempts: Attempts) -> bool:
+    async def restart_engine(self, attempts: Attempts, scheduler: Scheduler) -> bool:
         """Close the dead engine, end every process it left (its GPU memory is free once they have exited), start a
         new one. False, with the reason printed, when the new one does not start."""
         self.flush_stats(attempts.engine, final=True)
+        self.beat("engine-start", scheduler)
         await self.close_engine(attempts.engine)
         spare = self.not_engine | ({self.sandbox.server_pid} if self.sandbox and self.sandbox.server_pid else set())
         left = leftovers(os.getpid(), spare)
@@ -255,7 +292,7 @@ class Run:
             killed = end_processes(left)
             print(f"the dead engine left {len(left)} processes: ended ({killed} needed SIGKILL)", file=sys.stderr)
         try:
-            engine = make_engine(self.profile)
+            engine = self.new_engine()
             self._windows_written = 0
             await engine.start()
         except Exception as err:  # noqa: BLE001 - whatever failed, the answers so far are kept
@@ -279,6 +316,7 @@ class Run:
                 while (request := scheduler.next(self.clock())) is not None:
                     running[asyncio.create_task(attempts.run(request))] = request
                     started[request_id(request)] = self.clock()
+                self.beat("solving", scheduler, len(running))  # every iteration (at least once a second)
                 if not running:
                     break
                 done, _ = await asyncio.wait(running, timeout=min(max(hard_stop - self.clock(), 0), 1.0),
@@ -304,9 +342,9 @@ class Run:
                     if not scheduler.on_failed(self.clock(), request):  # failed twice: finished without answer
                         self.record(scheduler, record, log, scheduled=True)
                 if dead:
-                    if restarted:
-                        print("the engine died again after its restart: stopping with the answers so far",
-                              file=sys.stderr)
+                    if restarted:  # exit 1: boot's supervisor relaunches the solver (--resume) in new processes
+                        self.failed = "the engine died again after its restart"
+                        print(f"{self.failed}: stopping with the answers so far", file=sys.stderr)
                         break
                     print("the engine died: restarting it once in new processes; its running attempts go back to "
                           "the queue", file=sys.stderr)
@@ -316,7 +354,7 @@ class Run:
                         task.cancel()
                         scheduler.on_failed(self.clock(), request)
                     running.clear()
-                    if not await self.restart_engine(attempts):
+                    if not await self.restart_engine(attempts, scheduler):
                         break
                 self.flush_stats(attempts.engine)
                 answered = sum(1 for key in self.candidates.by_input if self.candidates.by_input[key])
@@ -393,6 +431,8 @@ def main(argv: list[str] | None = None, watchdog: bool = True) -> int:
     parser.add_argument("--max-tasks", type=int, help="only the first N tasks by id (demos)")
     parser.add_argument("--scale-schedule", action="store_true",
                         help="scale the schedule's margins and caps to --deadline (a rehearsal in miniature)")
+    parser.add_argument("--heartbeat", type=Path, help="the heartbeat file for boot's supervisor (default: beside "
+                        "--log, attempts.heartbeat.json)")
     args = parser.parse_args(argv)
     if profile_line(args.profile) == "both":  # both lines, each on its share of the GPUs, one merged answer file
         from submission.grid.both import run as run_both_lines

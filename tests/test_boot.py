@@ -86,6 +86,37 @@ def test_a_rehearsal_ended_by_its_sigterm_counts_as_ended(tmp_path, solver, expe
     assert boot.run_rehearsal(command, tmp_path, dict(os.environ), 30.0, (["a"], [log])) == expected
 
 
+CRASHES_ONCE = """
+import json, os, sys
+lives = os.path.join(os.path.dirname(__file__), "lives.jsonl")
+with open(lives, "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+sys.exit(0 if "--resume" in sys.argv else 1)  # a crash in its first life; the relaunch finishes
+"""
+
+
+def test_a_solver_that_crashes_in_the_rerun_is_relaunched_with_resume(tmp_path, capfd):
+    """Issue 27: boot ran the rerun's solver once, so a crash (or a second engine death, exit 1) ended the rerun's
+    work with hours left. Now it is relaunched with --resume and the deadline that is left, its heartbeat beside the
+    log. A stand-in `submission.main` in the bundle's kit folder crashes once."""
+    kit = tmp_path / "bundle" / "kit"
+    (kit / "submission").mkdir(parents=True)
+    (kit / "submission" / "__init__.py").write_text("")
+    (kit / "submission" / "main.py").write_text(CRASHES_ONCE)
+    args = argparse.Namespace(bundle=tmp_path / "bundle", started=time.time(), rehearsal_deadline=1800.0)
+    quick = boot.SuperviseConfig(restart_spacing_s=0.2)
+    log = tmp_path / "attempts.jsonl"
+    status = boot.solve(args, "cpu-tiny", tmp_path / "model", dict(os.environ), tmp_path / "t.json",
+                        tmp_path / "submission.json", None, log, supervision=quick)
+    assert status == 0
+    first, second = [json.loads(line) for line in (kit / "submission" / "lives.jsonl").read_text().splitlines()]
+    assert "--resume" not in first and second.count("--resume") == 1
+    assert first[first.index("--heartbeat") + 1] == str(tmp_path / "attempts.heartbeat.json")
+    assert float(second[second.index("--deadline") + 1]) <= float(first[first.index("--deadline") + 1])
+    assert "boot: supervise: the solver exited with status 1: relaunch 1 of at most 3, with --resume" in (
+        capfd.readouterr().out)
+
+
 @pytest.fixture(scope="module")
 def kaggle_input(tmp_path_factory, arc_data):
     """/kaggle/input as the commit run sees it: the public evaluation challenges and solutions (the five smallest real

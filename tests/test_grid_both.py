@@ -94,8 +94,16 @@ def test_a_combined_run_writes_the_merge_of_both_lines(arc_data, tmp_path, repla
     # a roomy deadline (the run ends when both lines have finished): a busy shared machine starts workers slowly
     done = subprocess.run([sys.executable, "-m", "submission.main", "--tasks", str(evaluation), "--profile",
                            str(tmp_path / "both.toml"), "--deadline", "300", "--out", str(out), "--solutions",
-                           str(evaluation)], cwd=REPO, capture_output=True, text=True, timeout=400)
+                           str(evaluation), "--heartbeat", str(tmp_path / "run" / "heartbeat.json")], cwd=REPO,
+                          capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
+    # each line's heartbeat beside its log, and the run's own (boot's supervisor reads it): all ended "done"
+    from submission.heartbeat import read
+
+    beats = [read(tmp_path / "run" / name) for name in ("reasoning/attempts.heartbeat.json",
+                                                        "grid/attempts.heartbeat.json", "heartbeat.json")]
+    assert [b.phase for b in beats] == ["done"] * 3 and all(b.attempts for b in beats[:2])
+    assert beats[1].quiet_s > 4.0 and beats[0].engine_tokens > 0  # the grid line's longest task; replayed tokens
     reasoning_log = read_log(tmp_path / "run" / "reasoning" / "attempts.jsonl")
     grid_log = read_log(tmp_path / "run" / "grid" / "attempts.jsonl")
     counts = {t.id: len(t.test_inputs) for t in tasks}

@@ -51,6 +51,7 @@ class ThroughputMeter:
 
     window_s: float = 10.0
     windows: list[StatsWindow] = field(default_factory=list)
+    generated: int = 0  # every token generated so far, the window in progress included (the solver's heartbeat)
     _start: float = field(default_factory=time.monotonic)
     _tokens: int = 0
     _prompt: int = 0
@@ -69,6 +70,7 @@ class ThroughputMeter:
         self._context_area += self._context * (now - self._last)
         self._last = now
         self._tokens += tokens
+        self.generated += tokens
         self._prompt += prompt_tokens
         if running is not None:
             self._running = running

@@ -4,7 +4,7 @@ file chosen from both by `submission.grid.merge`.
     python -m submission.grid.both --tasks PATH --out submission.json --profile both-4xL4 [--deadline SECONDS]
                                    [--reasoning-model DIR] [--grid-model DIR] [--reasoning-python PATH]
                                    [--grid-python PATH] [--resume] [--solutions PATH] [--max-tasks N]
-                                   [--scale-schedule]
+                                   [--scale-schedule] [--heartbeat PATH]
 
 `python -m submission.main --profile both-4xL4` runs this too (with the profile's models and this interpreter;
 the interpreters are options because on CPU the lines live in different environments, vLLM's and PEFT's). A combined
@@ -18,7 +18,10 @@ complete and valid throughout. The lines' time limit is MERGE_S short of the run
 last merge. A line that fails leaves the other's answers standing; a folder with an earlier run's logs is refused
 unless `--resume`. SIGTERM is passed on to both lines (each ends with its answers so far); after the last merge
 the run exits 143. `--scale-schedule` scales both lines' margins and caps to `--deadline` (the commit run's
-rehearsal, submission/boot.py). Off by default: only a `line = "both"` profile runs it.
+rehearsal, submission/boot.py). Off by default: only a `line = "both"` profile runs it. `--heartbeat PATH`: at every
+poll this process writes one heartbeat for the whole run (submission/heartbeat.py `combine`: the most advanced phase
+of the live lines, their counts summed), from each line's own heartbeat beside its log, so that boot's supervisor
+watches a combined run as it watches one line.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from submission.answers import AnswerFile, render_submission
 from submission.attempts import read_log
 from submission.config import Profile, ProfileError, _build, load_profile, profile_to_toml, read_profile
 from submission.grid.config import GridProfile, grid_profile_to_toml, load_grid_profile
+from submission.heartbeat import HeartbeatError, HeartbeatWriter, combine, path_for_log, read
 from submission.score import score
 from submission.tasks import LoadError
 
@@ -124,6 +128,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="each line continues from its log")
     p.add_argument("--solutions", type=Path, help="labels, to print the scores at the end")
     p.add_argument("--max-tasks", type=int, help="only the first N tasks by id (demos)")
+    p.add_argument("--heartbeat", type=Path, help="the run's heartbeat file for boot's supervisor (default: none)")
     return p
 
 
@@ -171,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     stop_watchdog = start_watchdog(limit, limit - 4.0)  # the lines end MERGE_S earlier (module doc)
     root.mkdir(parents=True, exist_ok=True)
+    heartbeat = HeartbeatWriter(getattr(args, "heartbeat", None))
+    heartbeat.beat("loading")
     answers = AnswerFile(args.out, tasks.test_counts())
     lines = {}
     pythons = {"reasoning": getattr(args, "reasoning_python", sys.executable),
@@ -207,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
                     answers.write()
             if not running:
                 break
+            heartbeat.beat(*combine(line_beats(lines)))
             time.sleep(both.poll_s)
     finally:
         for name, (_, process) in lines.items():
@@ -221,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
         stop_watchdog()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        heartbeat.beat("done")
     codes = {name: process.returncode for name, (_, process) in lines.items()}
     print(f"combined run ({both.name}): reasoning line exit {codes['reasoning']}, grid line exit {codes['grid']}; "
           f"time used: {time.monotonic() - started:.0f} s")
@@ -234,6 +243,20 @@ def run(args: argparse.Namespace) -> int:
     if stopping:  # a line already past its own handler (shutting down after its last task) dies of the signal
         return 143 if all(code in (0, 128 + signal.SIGTERM, -signal.SIGTERM) for code in codes.values()) else 1
     return 0 if all(code == 0 for code in codes.values()) else 1
+
+
+def line_beats(lines: dict[str, tuple[Path, subprocess.Popen]]) -> list:
+    """The heartbeats of the lines still running, each written by that line's process (an earlier run's file, or
+    one being rewritten in place, is skipped)."""
+    beats = []
+    for log, process in lines.values():
+        try:
+            beat = read(path_for_log(log))
+        except (OSError, HeartbeatError):
+            continue
+        if process.poll() is None and beat.pid == process.pid:
+            beats.append(beat)
+    return beats
 
 
 def forward_sigterm(handler):

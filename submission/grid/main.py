@@ -2,7 +2,7 @@
 
     python -m submission.grid.main --tasks PATH --out submission.json --profile grid-tiny [--model DIR]
                                    [--deadline SECONDS [--scale-schedule]] [--log attempts.jsonl] [--resume]
-                                   [--solutions PATH] [--max-tasks N]
+                                   [--solutions PATH] [--max-tasks N] [--heartbeat PATH]
 
 `python -m submission.main` with a grid-line profile (one with `line = "grid"`) runs this too. The answer file
 exists, complete, before any work starts; the log gets two records per test input (attempt 1 carries every
@@ -10,7 +10,10 @@ candidate with its hits, NLL and score). A watchdog (the reasoning line's) ends 
 whatever the workers do; SIGTERM (the notebook's rehearsal, once every task has an attempt) starts no new task,
 ends the running ones and exits with status 143, the answers so far written. An existing log is refused unless
 `--resume`, which continues from it: tasks whose records are all in the log are restored (answers included), never
-redone; the others are queued again.
+redone; the others are queued again. The heartbeat file (`--heartbeat`, default beside the log; submission/heartbeat.py)
+is rewritten at every worker event (a worker ready, a task started, done or failed) and phase change, counting tasks
+(not requests): "engine-start" until the first worker has loaded the model, and a healthy run may go the longest task
+limit plus the coordinator's grace without finishing a task (`quiet_s`), which boot's supervisor allows for.
 """
 
 from __future__ import annotations
@@ -41,13 +44,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from --log without redoing finished tasks")
     p.add_argument("--solutions", type=Path, help="labels, to print the score at the end")
     p.add_argument("--max-tasks", type=int, help="only the first N tasks by id (demos)")
+    p.add_argument("--heartbeat", type=Path, help="the heartbeat file for boot's supervisor (default: beside --log)")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     """The run for parsed arguments (shared with submission.main, whose extra flags must be unset)."""
-    from submission.grid.workers import Coordinator
-    from submission.main import go_offline, refuse_old_log, run_tasks, start_watchdog
+    from submission.grid.workers import GRACE_S, Coordinator
+    from submission.heartbeat import HeartbeatWriter
+    from submission.main import go_offline, heartbeat_path, refuse_old_log, run_tasks, start_watchdog
 
     try:
         profile: GridProfile = load_grid_profile(args.profile)
@@ -71,12 +76,32 @@ def run(args: argparse.Namespace) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for error in tasks.errors:
         print(f"skipped (answered [[0]]): {error}", file=sys.stderr)
-    coordinator = Coordinator(profile, tasks, args.out, args.log, resume=args.resume)
+    heartbeat = HeartbeatWriter(heartbeat_path(args))
+    heartbeat.beat("loading")
+    running: dict[int, str] = {}  # worker -> its task, from the workers' own reports
+    finished: list[str] = []
+    quiet_s = profile.run.max_task_s + GRACE_S + 60.0  # past this even a stuck worker is retired by the coordinator
+
+    def beat(phase: str) -> None:
+        heartbeat.beat(phase, len(coordinator.stats.restored) + len(finished), len(coordinator.queue.pending),
+                       len(running), quiet_s=quiet_s)
+
+    def on_event(kind: str, worker: int, task_id: str | None, process) -> None:
+        if kind == "started":
+            running[worker] = task_id
+        elif kind in ("done", "failed"):
+            running.pop(worker, None)
+            finished.append(task_id)
+        beat("solving" if kind == "ready" or heartbeat.phase == "solving" else "engine-start")
+
+    coordinator = Coordinator(profile, tasks, args.out, args.log, resume=args.resume, on_event=on_event)
+    beat("engine-start")
     try:
         signal.signal(signal.SIGTERM, lambda *_: coordinator.stop("SIGTERM"))
     except ValueError:  # not the main thread (an in-process caller): SIGTERM keeps its default
         pass
     stats = coordinator.run()
+    beat("done")
     answered = sum(1 for pair in coordinator.answers.answers.values() if pair[0] != ((0,),))
     print(f"tasks done: {len(stats.done)} of {len(tasks.tasks)} (restored: {len(stats.restored)}); "
           f"failed: {len(stats.failed)}; workers lost: {len(stats.lost)}; test inputs with an answer: {answered} of "
