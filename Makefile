@@ -22,7 +22,7 @@ UNSLOTH_VENV ?= $(KIT_CACHE)/venv-unsloth-cpu-py$(PYVER)-$(UNSHASH)
 UPY       := $(UNSLOTH_VENV)/bin/python
 export ARC_DATA
 
-.PHONY: env engine-env build-env unsloth-env vllm-gpu-wheel grid-dry-run both-dry-run prune-demo wheels bundle train-rft train-grid \
+.PHONY: env engine-env build-env unsloth-env vllm-gpu-wheel grid-dry-run both-dry-run prune-demo wheels bundle kaggle-rehearsal train-rft train-grid \
 	test test-core dry-run simulate demo corpus-demo bench clean
 
 env: $(VENV)/.installed
@@ -61,10 +61,17 @@ vllm-gpu-wheel: env
 test: engine-env build-env unsloth-env vllm-gpu-wheel
 	$(EPY) -m pytest -q tests
 	$(BPY) -m pytest -q tests/test_prune.py tests/test_patch_eot.py tests/test_quantize.py tests/test_nvfp4.py tests/test_pipeline.py \
-	    tests/test_rft.py tests/test_fused_groups.py tests/test_layerwise.py tests/test_build_scale.py
+	    tests/test_rft.py tests/test_fused_groups.py tests/test_layerwise.py tests/test_build_scale.py \
+	    tests/test_kaggle_upload.py tests/test_kaggle_rehearsal.py
 	$(BPY) -m pytest -q tests/test_grid_ttt.py tests/test_grid_workers.py tests/test_grid_tune.py \
 	    tests/test_grid_resume.py tests/test_grid_both.py tests/test_corpus_mix.py
 	$(UPY) -m pytest -q tests/test_rft.py tests/test_grid_tune.py -k unsloth
+
+# The Kaggle rehearsal (tests/test_kaggle_rehearsal.py, also in make test): the CPU bundle uploaded by the real Kaggle
+# client (intercepted at the network call), mounted read-only with the network cut, the notebook's cells run as Kaggle
+# runs them (commit run, then the rerun), and the failure matrix. FULL=1 gives every row its own fresh install.
+kaggle-rehearsal: build-env
+	ARC_KIT_REHEARSAL_FULL=$(if $(FULL),1,0) $(BPY) -m pytest -q tests/test_kaggle_rehearsal.py
 
 # The suite without the engine environment (engine tests skip): CI runs it on the second Python version.
 test-core: env
@@ -167,12 +174,14 @@ wheels: env
 # The offline Kaggle dataset, built as the profile's [build] section says. By default the CPU demo: a tiny Qwen3 for
 # the cpu-tiny profile. For a real model: make bundle PROFILE=moe-4xL4 MODEL=/ckpt LIST=lists/c8.json
 # (TARGET=, RECIPE=, CALIBRATION_TASKS= override the profile). A combined profile takes both models:
-# make bundle PROFILE=both-4xL4 MODEL=/reasoning-ckpt GRID_MODEL=/grid-ckpt.
+# make bundle PROFILE=both-4xL4 MODEL=/reasoning-ckpt GRID_MODEL=/grid-ckpt. COMPETITION= names the competition
+# whose mount (/kaggle/input/<slug>/) boot reads the tasks from (default arc-prize-2025).
 PROFILE ?= cpu-tiny
 BUNDLE_ARGS = $(if $(filter command line,$(origin TARGET)),--target $(TARGET)) $(if $(MODEL),--model $(MODEL)) \
 	$(if $(GRID_MODEL),--grid-model $(GRID_MODEL)) \
 	$(if $(LIST),--list $(LIST)) $(if $(RECIPE),--recipe $(RECIPE)) \
-	$(if $(CALIBRATION_TASKS),--calibration-tasks $(CALIBRATION_TASKS)) $(if $(ID),--id $(ID))
+	$(if $(CALIBRATION_TASKS),--calibration-tasks $(CALIBRATION_TASKS)) $(if $(ID),--id $(ID)) \
+	$(if $(COMPETITION),--competition $(COMPETITION))
 bundle: build-env
 	rm -rf $(OUT)/bundle
 	$(BPY) -m build.pipeline --profile $(PROFILE) --out $(OUT)/bundle $(strip $(BUNDLE_ARGS))

@@ -29,10 +29,13 @@ import shlex
 import shutil
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from offline_wheels.lock import LOCKS, fetch, sha256, target as target_spec
 from submission.bundle_files import MODEL_DIRS, manifest_problems
+from submission.kaggle_mounts import COMPETITION
+from submission.supervise import SuperviseConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 KIT_PATHS = ("submission", "profiles", "requirements", "examples")
@@ -189,10 +192,13 @@ def check_model(model: Path, line: str) -> None:
 
 
 def bundle(profile: str, model: Path, out: Path, target: str = "cpu-py311", dataset_id: str = PLACEHOLDER_ID,
-           max_file_bytes: int = 20 * 2**30, grid_model: Path | None = None) -> Path:
+           max_file_bytes: int = 20 * 2**30, grid_model: Path | None = None, competition: str = COMPETITION,
+           boot: dict | None = None) -> Path:
     """The dataset for `profile` in `out`; a combined profile's (line "both") with `model` the reasoning line's
-    checkpoint and `grid_model` the grid line's."""
+    checkpoint and `grid_model` the grid line's. `competition` is the slug whose mount boot reads the tasks from;
+    `boot` overrides boot's supervision of the solver (submission.supervise.SuperviseConfig's fields)."""
     line = bundled_line(profile)
+    boot = asdict(SuperviseConfig(**(boot or {})))  # unknown fields refused before anything is copied
     if (line == "both") != (grid_model is not None):
         raise ValueError(f"{profile}: a combined profile bundles two models, the reasoning model and the grid model "
                          f"(--grid-model, make bundle GRID_MODEL=)" if line == "both" else
@@ -217,7 +223,8 @@ def bundle(profile: str, model: Path, out: Path, target: str = "cpu-py311", data
     for name in KIT_PATHS:
         shutil.copytree(ROOT / name, partial / "kit" / name, ignore=shutil.ignore_patterns("__pycache__"))
     (partial / "kit" / "bundle.json").write_text(json.dumps(
-        {"profile": profile, "line": line, "target": target, "requirements": target_spec(target)["requirements"]}))
+        {"profile": profile, "line": line, "target": target, "requirements": target_spec(target)["requirements"],
+         "competition": competition, "boot": boot}))
     for path in sorted(partial.rglob("*")):
         if path.is_file() and path.stat().st_size > max_file_bytes:
             _split(path, max_file_bytes)
@@ -258,11 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default="cpu-py311")
     parser.add_argument("--id", help="the Kaggle dataset id (default: KAGGLE_USERNAME/arc-kit-bundle)")
     parser.add_argument("--max-file-bytes", type=int, default=20 * 2**30)
+    parser.add_argument("--competition", default=COMPETITION, help="the competition's slug: its data's mount name")
     args = parser.parse_args(argv)
     try:
         chosen = choose_dataset_id(args.id, dict(os.environ))
         print(upload_advice(bundle(args.profile, args.model, args.out, args.target, chosen, args.max_file_bytes,
-                                   args.grid_model), chosen))
+                                   args.grid_model, args.competition), chosen))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -25,11 +25,12 @@ from build.patch_eot import PATCH_KEY, patch
 from build.prune import prune
 from build.quantize import calibrated_scales, quantize
 from submission.grid import profile_line
+from submission.kaggle_mounts import COMPETITION
 
 
 def run(profile: str, target: str, out: Path, model: Path | None = None, expert_list: Path | None = None,
         recipe: Path | None = None, calibration_tasks: Path | None = None, dataset_id: str = PLACEHOLDER_ID,
-        grid_model: Path | None = None) -> Path:
+        grid_model: Path | None = None, competition: str = COMPETITION) -> Path:
     steps = out / "steps"
     steps.mkdir(parents=True, exist_ok=True)
     line = profile_line(profile)
@@ -61,7 +62,8 @@ def run(profile: str, target: str, out: Path, model: Path | None = None, expert_
     if not grid and PATCH_KEY not in json.loads((model / "config.json").read_text()):  # no turns on the grid line
         patch(model, steps / "patched")
         model = steps / "patched"
-    dataset = bundle(profile, model, out / "dataset", target, dataset_id, grid_model=grid_model)
+    dataset = bundle(profile, model, out / "dataset", target, dataset_id, grid_model=grid_model,
+                     competition=competition)
     problems = verify(dataset)
     if problems:
         raise ValueError(f"{dataset}: " + "; ".join(problems))
@@ -100,6 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--recipe", type=Path)
     parser.add_argument("--calibration-tasks", type=Path)
     parser.add_argument("--id", help="the Kaggle dataset id (default: KAGGLE_USERNAME/arc-kit-bundle)")
+    parser.add_argument("--competition", default=COMPETITION, help="the competition's slug: its data's mount name")
     args = parser.parse_args(argv)
     try:
         plan = build_plan(args.profile)
@@ -113,7 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     planned = {key: getattr(plan, key, "") for key in ("expert_list", "recipe", "calibration_tasks")}  # grid: none
     dataset = run(args.profile, args.target or plan.target, args.out, args.model,
                   chosen(args.list, planned["expert_list"]), chosen(args.recipe, planned["recipe"]),
-                  chosen(args.calibration_tasks, planned["calibration_tasks"]), chosen_id, args.grid_model)
+                  chosen(args.calibration_tasks, planned["calibration_tasks"]), chosen_id, args.grid_model,
+                  args.competition)
     print(upload_advice(dataset, chosen_id))
 
 

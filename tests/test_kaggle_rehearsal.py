@@ -30,7 +30,7 @@ from kaggle_client import mount, upload  # noqa: E402
 FULL = os.environ.get("ARC_KIT_REHEARSAL_FULL") == "1"
 SLUG = "arc-kit-bundle"  # the kit dataset's slug as uploaded; the notebook finds it by its files, not its name
 # Boot's supervision bounds for the tiny model: an engine loads in seconds here and a hang shows within a minute.
-BOOT = {"hang_s": 45, "engine_start_s": 300, "max_restarts": 2, "restart_spacing_s": 2}
+BOOT = {"hang_s": 45, "engine_start_s": 300, "max_restarts": 2, "restart_spacing_s": 2, "kill_grace_s": 5}
 
 
 @pytest.fixture(scope="module")
