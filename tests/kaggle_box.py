@@ -53,11 +53,10 @@ for number, source in enumerate(cells, 1):
         print(f"NOTEBOOK STOPPED IN CELL {number}", file=sys.stderr)
         sys.exit(1)
     if fill_after == str(number):  # the fault: the working disk fills up once this cell has run
-        with open(os.path.join(os.environ["ARC_KIT_WORKING"], "filler"), "wb") as f:
+        with open(os.path.join(os.environ["ARC_KIT_WORKING"], "filler"), "wb", buffering=0) as f:
             try:
                 while True:
                     f.write(b"\\0" * 4096)
-                    f.flush()
             except OSError as err:
                 print(f"BOX: working disk filled ({err.strerror})", flush=True)
 """
@@ -116,10 +115,12 @@ def solver_pids(marker: str) -> list[int]:
 
 
 def finished_records(log: Path) -> int:
+    """Finished attempts in a solver's log (a line being written is not counted)."""
     try:
-        return sum(1 for line in log.read_text().splitlines() if line.strip() and '"aborted": false' in line)
+        whole = log.read_text().split("\n")[:-1]
     except OSError:
         return 0
+    return sum(not json.loads(line)["aborted"] for line in whole if line.strip())
 
 
 class Box:
@@ -135,26 +136,28 @@ class Box:
     work = property(lambda self: self.root / "arc-kit-work")  # boot's local disk: its environment, extractions
     answer = property(lambda self: self.root / "scored-submission.json")  # copied out as the notebook ends
 
-    def image(self, seed: list[Path] = ()) -> Path:
-        """The image's Python: a fresh virtual environment, with `seed` wheels installed (other versions of locked
-        packages, as Kaggle's image has its own)."""
-        venv = self.root / "image"
+    def image(self, seed: list[Path] = (), name: str = "image") -> Path:
+        """The image's Python, which runs the notebook from now on: a virtual environment `name`, with `seed`
+        wheels installed (other versions of locked packages, as Kaggle's image has its own)."""
+        venv = self.root / name
         if not (venv / "bin" / "python").exists():
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         if seed:
             subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-index",
                             "--no-deps", *map(str, seed)], check=True)
-        return venv / "bin" / "python"
+        self.python = venv / "bin" / "python"
+        return self.python
 
     def attach_competition(self, slug: str, challenges: dict, solutions: dict | None = None,
-                           evaluation: bool = True) -> Path:
+                           evaluation: bool | dict = True) -> Path:
         """The competition's data at input/<slug>/: the test file and (the commit run's rehearsal) the public
-        evaluation files, which here are the same tasks."""
+        evaluation files: `evaluation` itself when a dict, else (True) the test file's tasks."""
         folder = self.input / slug
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "arc-agi_test_challenges.json").write_text(json.dumps(challenges))
         if evaluation:
-            (folder / "arc-agi_evaluation_challenges.json").write_text(json.dumps(challenges))
+            public = evaluation if isinstance(evaluation, dict) else challenges
+            (folder / "arc-agi_evaluation_challenges.json").write_text(json.dumps(public))
             (folder / "arc-agi_evaluation_solutions.json").write_text(json.dumps(solutions or {}))
         return folder
 
@@ -179,7 +182,7 @@ class Box:
         self.answer.unlink(missing_ok=True)
         if rerun:
             env["KAGGLE_IS_COMPETITION_RERUN"] = "1"
-        command = [str(self.image()), "-c", RUNNER, str(notebook)]
+        command = [str(getattr(self, "python", None) or self.image()), "-c", RUNNER, str(notebook)]
         if fault and fault.disk_full:
             env.update(ARC_KIT_BOX_FILL_AFTER_CELL="1", ARC_KIT_BOX_WORKING_BYTES="1m")
         if namespaces_allowed():
@@ -214,7 +217,7 @@ class Box:
                 seen = count
                 print(f"BOX: {fault.name}: signal {fault.signal} sent to {pids} after {count} logged attempts",
                       file=sys.stderr, flush=True)
-            time.sleep(0.2)
+            time.sleep(0.05)
 
 
 def _grid_ok(grid: object) -> bool:

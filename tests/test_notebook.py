@@ -14,19 +14,9 @@ from pathlib import Path
 import pytest
 
 from build.notebook import notebook
+from kaggle_box import RUNNER  # the notebook's cells in order, stopping at the first exception
 
 REPO = Path(__file__).resolve().parents[1]
-RUNNER = """import json, sys, traceback
-cells = [''.join(c["source"]) for c in json.load(open(sys.argv[1]))["cells"] if c["cell_type"] == "code"]
-namespace = {"__name__": "__main__"}
-for number, source in enumerate(cells, 1):
-    try:
-        exec(compile(source, f"cell {number}", "exec"), namespace)
-    except Exception:
-        traceback.print_exc()
-        print(f"NOTEBOOK STOPPED IN CELL {number}", file=sys.stderr)
-        sys.exit(1)
-"""
 RAISING_BOOT = "raise RuntimeError('boot exploded')\n"
 BREAKING_BOOT = """import sys
 out = sys.argv[sys.argv.index("--out-dir") + 1]

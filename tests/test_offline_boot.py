@@ -22,14 +22,7 @@ pytest.importorskip("torch", reason="the tiny model needs the engine environment
 
 from build.bundle import bundle, verify  # noqa: E402
 from build.tiny import make_checkpoint  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
-GUARD = """import socket
-def _refuse(*args, **kwargs):
-    raise OSError("network access attempted during the offline boot test")
-socket.socket.connect = _refuse
-socket.create_connection = _refuse
-"""
+from kaggle_box import GUARD  # noqa: E402
 
 
 def kaggle_input(root: Path, arc_data: Path, count: int = 3) -> dict:
