@@ -1,27 +1,30 @@
 """The notebook's entry on Kaggle: install from the bundle with no network, then run the solver, whatever happens.
 
-    python kit/submission/boot.py --bundle /kaggle/input/DATASET [--input /kaggle/input] [--tasks PATH]
-                                  [--out-dir /kaggle/working] [--started EPOCH_SECONDS] [--rehearsal-tasks 3]
-                                  [--rehearsal-deadline 1800] [--rehearsal-full] [--full-verify]
+    python kit/submission/boot.py --bundle /kaggle/input/DATASET [--input /kaggle/input] [--competition SLUG]
+                                  [--tasks PATH] [--out-dir /kaggle/working] [--work DIR] [--started EPOCH_SECONDS]
+                                  [--rehearsal-tasks 3] [--rehearsal-deadline 1800] [--rehearsal-full] [--full-verify]
 
-Standard library only until the wheels are installed. In order: write a complete `[[0]]` submission.json from the
-competition's test file (found under --input; so the output exists even if everything below fails); verify the bundle
-against its manifest (sizes of every file, sha256 of the wheels and the kit; `--full-verify` hashes the model too);
-install the locked wheels with `pip install --no-index --find-links`; set the offline environment (no hub, no
-telemetry); run the preflight (submission/preflight.py: GPUs, driver, disk, model config against the profile; a
-refusal stops here with its report); reassemble split files into a working copy; then either
+Standard library only until its own environment is installed (it imports only the kit's standard-library modules).
+In order: the competition's test file by its mount name (kaggle_mounts: a commit run refuses an ambiguous choice) and
+a complete `[[0]]` submission.json from it, so the output exists even if everything below fails; the preflight's
+machine stage (GPUs, driver); the dataset as mounted, folders in place and the client's archives extracted to `--work`
+with every file hashed (bundle_files), then checked against the manifest (sizes of every file, sha256 of the wheels
+and the kit; `--full-verify` hashes the model too); an environment of boot's own holding exactly the lock
+(locked_install); the full preflight with it (GPU memory, disk, model config against the profile; a refusal stops
+here with its report); split files joined into a view of links; then either
 - the hidden-set rerun (`KAGGLE_IS_COMPETITION_RERUN`): `submission.main` with the bundle's profile on the test file,
   its deadline counted from the notebook's own start; or
 - the commit run, a rehearsal: the same profile on the first `--rehearsal-tasks` public evaluation tasks, the schedule
   scaled to `--rehearsal-deadline` (`--scale-schedule`) so every task gets an attempt, written and scored under
   out-dir/rehearsal/, and ended (SIGTERM) as soon as every task has a finished attempt (`--rehearsal-full`: run to
   the deadline); exit status 3 if the solver fails (the engine did not start) or a task gets no finished attempt;
-and finally check submission.json once more, rewriting the `[[0]]` file if the solver left none or a broken one.
-Every step boot waits for ends before the time limit (END_MARGIN_S). A combined bundle (kit/bundle.json `line =
-"both"`: the reasoning model in model/, the grid model in grid-model/) runs `submission.grid.both` with both models
-instead of `submission.main`, and its rehearsal waits for, and checks, each line's log.
+the solver supervised either way (supervise: relaunched with --resume after a crash, a hang or an endless engine
+start, with the bundle's knobs, kit/bundle.json "boot"), and finally the answer file checked task by task, a missing
+or broken task given its `[[0]]` slots. Every step boot waits for ends before the time limit (END_MARGIN_S). A
+combined bundle (kit/bundle.json `line = "both"`: the reasoning model in model/, the grid model in grid-model/) runs
+`submission.grid.both` with both models instead of `submission.main`, and its rehearsal waits for, and checks, each
+line's log.
 """
-
 from __future__ import annotations
 
 import argparse
