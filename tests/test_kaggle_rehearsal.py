@@ -21,12 +21,13 @@ from pathlib import Path
 
 import pytest
 
-if importlib.util.find_spec("kaggle") is None or importlib.util.find_spec("torch") is None:
+from kaggle_box import Box, Fault, answer_problems, answered, namespaces_allowed, stop_leftovers  # noqa: E402
+from kaggle_client import kaggle_cli, mount, upload  # noqa: E402
+
+# The client's console script, not find_spec("kaggle"): from the repository root that finds its kaggle/ folder.
+if kaggle_cli() is None or importlib.util.find_spec("torch") is None:
     pytest.skip("the Kaggle rehearsal needs the build environment (the kaggle client, torch)",
                 allow_module_level=True)
-
-from kaggle_box import Box, Fault, answer_problems, answered, namespaces_allowed, stop_leftovers  # noqa: E402
-from kaggle_client import mount, upload  # noqa: E402
 
 FULL = os.environ.get("ARC_KIT_REHEARSAL_FULL") == "1"
 SLUG = "arc-kit-bundle"  # the kit dataset's slug as uploaded; the notebook finds it by its files, not its name
