@@ -92,19 +92,35 @@ def log_keys(path: Path) -> list[tuple]:
 
 
 @pytest.mark.timeout(1800)
-def test_commit_run_rehearses_from_the_clients_archives_and_ignores_another_competition(box, uploaded, tasks):
-    """The commit run on what the client sent with Kaggle keeping the archives (boot extracts and hashes them), with
-    the 2024 competition attached beside 2025's and a test task without "test": the rehearsal passes, the answer file
-    is the complete [[0]] file of 2025's test set, and boot says which mount it took."""
+def test_commit_run_on_a_conflicting_image_rehearses_from_the_clients_archives(box, uploaded, tasks, tmp_path):
+    """The commit run on what the client sent with Kaggle keeping the archives (boot extracts and hashes them), from
+    an image Python with its own versions of two locked packages (rich 1.0 and filelock 0.1: stand-ins without the
+    modules the solver imports), with the 2024 competition attached beside 2025's and a test task without "test".
+    Boot installs the whole lock into its own environment and checks every version; the rehearsal passes (nothing of
+    the image leaked into the solver), the answer file is the complete [[0]] file of 2025's test set, and boot says
+    which mount it took. The rows after reuse this installed environment (unless FULL)."""
+    from test_locked_install import make_wheel
+
     challenges, solutions = tasks
     fresh_session(box, uploaded, unpack=False)
+    shutil.rmtree(box.work, ignore_errors=True)  # this row's point is the install, whatever ran before
+    seed = [make_wheel(tmp_path / "seed", name, version, []) for name, version in (("rich", "1.0"),
+                                                                                  ("filelock", "0.1"))]
+    image = box.image(seed, name="image-seeded")
+    seen = subprocess.run([str(image), "-c", "import rich, filelock; print(rich.__version__, filelock.__version__)"],
+                          capture_output=True, text=True)
+    assert seen.stdout.split() == ["1.0", "0.1"]  # the image really has them
     test_set = with_a_task_without_tests(challenges)
     box.attach_competition("arc-prize-2025", test_set, solutions, evaluation=challenges)
     old = {"old-2024-task": next(iter(challenges.values()))}
     box.attach_competition("arc-prize-2024", old, {})
-    result = box.run_notebook(rerun=False)
+    try:
+        result = box.run_notebook(rerun=False)
+    finally:
+        box.image()  # the other rows' image, without the seeded packages
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert answer_problems(box.answer, test_set) == []
+    assert "all 45 locked distributions verified" in result.stdout
     assert "extracting" in result.stdout and "rehearsal ok: every one of 2 tasks" in result.stdout
     assert "the competition's mount arc-prize-2025; also attached, not used:" in result.stdout
     assert "score: task-weighted" in result.stdout
@@ -138,32 +154,6 @@ def test_an_engine_hang_is_detected_and_the_solver_relaunched(box, uploaded, tas
     assert result.returncode == 0 and result.signalled, result.stdout[-3000:] + result.stderr[-3000:]
     assert "hang" in (result.stdout + result.stderr).lower()
     assert answer_problems(box.answer, one) == [] and answered(box.answer) >= 1
-
-
-@pytest.mark.timeout(1800)
-def test_an_image_with_conflicting_versions_of_locked_packages_changes_nothing(box, uploaded, tasks, tmp_path):
-    """Kaggle's image has its own versions of packages the lock pins (here rich 1.0 and filelock 0.1, stand-ins
-    without the modules the solver imports). Boot installs the whole lock afresh into its own environment and
-    checks every version; the commit run's rehearsal passes, so nothing of the image leaked into the solver."""
-    from test_locked_install import make_wheel
-
-    challenges, solutions = tasks
-    fresh_session(box, uploaded, unpack=True)
-    shutil.rmtree(box.work, ignore_errors=True)  # this row's point is the install
-    seed = [make_wheel(tmp_path / "seed", name, version, []) for name, version in (("rich", "1.0"),
-                                                                                  ("filelock", "0.1"))]
-    image = box.image(seed, name="image-seeded")
-    seen = subprocess.run([str(image), "-c", "import rich, filelock; print(rich.__version__, filelock.__version__)"],
-                          capture_output=True, text=True)
-    assert seen.stdout.split() == ["1.0", "0.1"]  # the image really has them
-    box.attach_competition("arc-prize-2025", challenges, solutions)
-    try:
-        result = box.run_notebook(rerun=False)
-    finally:
-        box.image()  # the other rows' image
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "all 45 locked distributions verified" in result.stdout and "rehearsal ok" in result.stdout
-    assert answer_problems(box.answer, challenges) == []
 
 
 @pytest.mark.parametrize("rerun", [False, True], ids=["commit", "rerun"])
