@@ -284,8 +284,10 @@ def test_a_missing_wheel_fails_naming_it_and_a_corrupt_one_fails_with_pips_words
     # pip checks hashes only of what it installs: an environment that already has gamma 3.0 takes the corrupt folder
     # without a word ("already satisfied"). So install_lock is for a new environment, as prepare uses it.
     install_lock(installed[0] / "bin" / "python", partial, lock, 60)
+    # A pip that hangs (a real pip on three small wheels may finish inside the 1-s floor on an idle machine).
+    hanging_pip = [sys.executable, "-c", "import time; time.sleep(60)"]
     with pytest.raises(InstallError, match="took over 1 s"):
-        install_lock(python, house["wheels"], lock, 0.01, pip=pip)
+        install_lock(python, house["wheels"], lock, 0.01, pip=hanging_pip)
     with pytest.raises(InstallError, match="missing from"):
         prepare(sys.executable, tmp_path / "never", partial.parent / "none", house["lock"], 60, log=lambda _: None)
     assert not (tmp_path / "never").exists()  # refused before the environment was made
