@@ -181,8 +181,11 @@ def test_dense_promotion_stays_off_in_a_scaled_schedule():
 def test_dense_answer_tokens_are_sampled_at_the_thinking_temperature():
     """The x2 answer scaling came with the MoE 53.33 run (study ~3341, ~3510); the 44.03 run states none."""
     request = GenerationRequest("t/0/1", (1, 2, 3), thinking_cap=1000, seed=3)
-    scale = lambda name: sampling_kwargs(load_profile(name).engine, request, 20, "root ::= \"x\"", 7, [])[  # noqa
-        "extra_args"]["answer_scale"]
+
+    def scale(profile: str) -> float:  # the vLLM engine divides the logits after </think> by it
+        kwargs = sampling_kwargs(load_profile(profile).engine, request, 20, 'root ::= "x"', 7, [])
+        return kwargs["extra_args"]["answer_scale"]
+
     assert scale("dense-27b-4xL4") == 1.0 and scale("moe-4xL4-direct") == 0.5
 
 
