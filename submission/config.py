@@ -73,13 +73,26 @@ class EngineConfig:
                              f"{self.draft_sample_method!r}")
 
 
+GRID_FORMATS = ("rows", "json")  # PromptConfig.grid_format
+
+
 @dataclass(frozen=True)
 class PromptConfig:
+    """How a task becomes the user message; the solver and RFT's traces and rows (training.traces, training.dataset)
+    read the same section of the same profile, so a model is prompted as its training rows were."""
+
     reasoning_effort: str = ""  # passed to chat templates that take one (e.g. "xhigh"); "" = not passed
     system: str = ""  # optional system message
     instruction: str = (
         "Find the common rule that maps each input grid to its output grid in the examples, then apply it to the "
         "test input. Answer with the output grid, one row per line, digits separated by spaces.")
+    # How the prompt writes grids: "rows", its size `RxC` then one row per line, digits separated by spaces (the MoE
+    # runs from 53.33 on); "json", a JSON list of rows (RFT v1's traces and the dense 44.03 run). Answers are rows.
+    grid_format: str = "rows"
+
+    def __post_init__(self) -> None:
+        if self.grid_format not in GRID_FORMATS:
+            raise ValueError(f"prompt.grid_format must be one of {', '.join(GRID_FORMATS)}, not {self.grid_format!r}")
 
 
 @dataclass(frozen=True)

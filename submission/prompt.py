@@ -1,13 +1,16 @@
 """The prompt renderer, shared by the solver and training so that both send token-identical prompts.
 
-A task is written "row-wise with sizes" (SPEC section 2: it beat JSON grids by about 5 points): every grid is preceded
-by its size `RxC` and written one row per line, digits separated by spaces. The text goes through the model's own chat
+A task is written "row-wise with sizes" by default (SPEC section 2: it beat JSON grids by about 5 points): every grid
+is preceded by its size `RxC` and written one row per line, digits separated by spaces. `grid_format = "json"` writes
+each grid as a JSON list of rows instead, as RFT v1's traces and the dense 44.03 run did (study ~1925, ~3510); the
+answer after </think> is rows in both (the grid grammar). The text goes through the model's own chat
 template with thinking on (and a reasoning effort where the template takes one). A view (submission.views) changes
 what is shown: the second attempt reorders the demonstrations.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Protocol
 
 from submission.config import PromptConfig
@@ -34,14 +37,24 @@ def sized_grid_text(grid: Grid) -> str:
     return f"{len(grid)}x{len(grid[0])}\n{grid_text(grid)}"
 
 
+def json_grid_text(grid: Grid) -> str:
+    """The grid as a JSON list of rows on one line: `[[0, 1], [2, 3]]`."""
+    return json.dumps([list(row) for row in grid])
+
+
+def prompt_grid_text(grid: Grid, config: PromptConfig) -> str:
+    """A grid of the task as the prompt writes it (`config.grid_format`)."""
+    return json_grid_text(grid) if config.grid_format == "json" else sized_grid_text(grid)
+
+
 def task_text(task: Task, test_index: int, config: PromptConfig, view: View = View()) -> str:
     """The user message for one test input of a task, under a view. Pure."""
     shown = view.apply(task)
     parts = [config.instruction, ""]
     for number, pair in enumerate(shown.train, 1):
-        parts += [f"Example {number}", "Input:", sized_grid_text(pair.input), "Output:", sized_grid_text(pair.output),
-                  ""]
-    parts += ["Test input:", sized_grid_text(shown.test_inputs[test_index])]
+        parts += [f"Example {number}", "Input:", prompt_grid_text(pair.input, config), "Output:",
+                  prompt_grid_text(pair.output, config), ""]
+    parts += ["Test input:", prompt_grid_text(shown.test_inputs[test_index], config)]
     return "\n".join(parts)
 
 

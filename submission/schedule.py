@@ -9,11 +9,15 @@ Levels, lowest popped first:
 - L1: attempt 2, demonstrations reordered, queued when the input's first attempt finishes (it never waits for all first
   attempts). Second attempts run in the study's order (`second_priority`): every single-input task before every
   multi-input task, then by the first attempt's confidence class (`Confidence`), then by its thinking length, shortest
-  first; `second_by_confidence = false` queues them first in, first out instead. Promotion: a single-input task whose
-  first attempt ended naturally with a grid in fewer than `promote_below_thinking` thinking tokens, with no
-  train-perfect program, gets its second attempt ahead of the unstarted first attempts.
-- L2: repair turns (caps `repair_caps`, one after another) once both attempts are in, only if no program of the task is
-  train-perfect and one reproduces at least one demonstration; started only `repair_min_left_s` before the hard stop.
+  first; `second_by_confidence = false` queues them first in, first out instead (the dense 44.03 run's plain queue:
+  the confidence order came with a later MoE run). Promotion (the MoE runs): a single-input task whose first attempt
+  ended naturally with a grid in fewer than `promote_below_thinking` thinking tokens, with no train-perfect program,
+  gets its second attempt ahead of the unstarted first attempts; 0 turns it off, so every first attempt starts before
+  any second (Algorithm 5, the dense run).
+- L2: repair turns (caps `repair_caps`, one after another), only if no program of the task is train-perfect and one
+  reproduces at least one demonstration; started only `repair_min_left_s` before the hard stop. `repair_after` says
+  when the first turn is queued: "first", when attempt 1 finishes (the MoE runs, study appendix A), or "both", once
+  both attempts are in (Algorithm 5). A later turn is queued when the previous one finishes, under the same rule.
 - L3: one extra attempt once both attempts are in, only if no program is train-perfect and the two grids differ;
   started only `extra_min_left_s` before the hard stop.
 Every request's cap is min(level cap, rate * (hard_stop - now - cap_margin_s) - cap_margin_tokens); a request whose
@@ -31,6 +35,9 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
 from submission.grids import Grid
+
+
+REPAIR_AFTER = ("first", "both")  # ScheduleConfig.repair_after: after attempt 1, or after both attempts
 
 
 class Level(IntEnum):
@@ -56,13 +63,20 @@ class ScheduleConfig:
     cap_second: int = 48_000  # L1 cap
     repair_caps: tuple[int, ...] = (24_000, 16_000)  # L2 caps, one repair turn each
     cap_extra: int = 32_000  # L3 cap
-    promote_below_thinking: int = 40_000  # promotion threshold on the first attempt's thinking tokens
+    promote_below_thinking: int = 40_000  # promotion threshold on the first attempt's thinking tokens; 0 = none
     repair_min_left_s: float = 30 * 60  # L2 starts only this long before the hard stop or earlier
     extra_min_left_s: float = 35 * 60  # L3 likewise
     max_in_flight: int = 56  # requests in flight; the engine's KV cache decides how many actually run
     second_by_confidence: bool = True  # L1 order: the study's (second_priority); false = first in, first out
+    repair_after: str = "first"  # queue repair turn 1 when attempt 1 finishes ("first") or both are in ("both")
 
     def __post_init__(self) -> None:
+        if self.repair_after not in REPAIR_AFTER:
+            raise ValueError(f"schedule: repair_after must be one of {', '.join(REPAIR_AFTER)}, not "
+                             f"{self.repair_after!r}")
+        if self.promote_below_thinking < 0:
+            raise ValueError(f"schedule: promote_below_thinking must be 0 (no promotion) or a number of thinking "
+                             f"tokens, not {self.promote_below_thinking}")
         if self.hard_stop_margin_s > self.stop_new_margin_s:
             raise ValueError("schedule: hard_stop_margin_s must not exceed stop_new_margin_s")
         if self.rate_tok_s <= 0 or self.max_in_flight < 1 or self.min_cap < 1:
@@ -80,10 +94,10 @@ class ScheduleConfig:
     def scaled(self, time_limit_s: float) -> ScheduleConfig:
         """This schedule in miniature for a shorter time limit (the commit run's rehearsal): every time and token
         margin (`cap_margin_tokens` included), minimum time left, level cap, `min_cap` and the promotion threshold
-        multiplied by time_limit_s / self.time_limit_s, so each level fits the short run as it fits the full one and
-        every input the engine reaches in time gets a first attempt. An unscaled `cap_margin_tokens` (issue 27) cost
-        a rehearsal 24 times its share: moe-4xL4 in 1,800 s could start no request once its engine was ready at
-        1,370 s, where the 12-hour run had hours left. The rate and the concurrency stay, and prompt lengths, the
+        (unless 0: no promotion stays none) multiplied by time_limit_s / self.time_limit_s, so each level fits the
+        short run as it fits the full one and every input the engine reaches in time gets a first attempt. An
+        unscaled `cap_margin_tokens` (issue 27) cost a rehearsal 24 times its share: moe-4xL4 in 1,800 s could start
+        no request once its engine was ready at 1,370 s, where the 12-hour run had hours left. The rate and the concurrency stay, and prompt lengths, the
         answer's length and engine start-up do not scale: a rehearsal is a miniature, not a forecast."""
         f = time_limit_s / self.time_limit_s
 
@@ -97,7 +111,7 @@ class ScheduleConfig:
             cap_first_single=tokens(self.cap_first_single), cap_first_multi=tokens(self.cap_first_multi),
             cap_second=tokens(self.cap_second),
             repair_caps=tuple(tokens(c) for c in self.repair_caps), cap_extra=tokens(self.cap_extra),
-            promote_below_thinking=tokens(self.promote_below_thinking),
+            promote_below_thinking=tokens(self.promote_below_thinking) if self.promote_below_thinking else 0,
             repair_min_left_s=self.repair_min_left_s * f, extra_min_left_s=self.extra_min_left_s * f)
 
     @property
@@ -304,14 +318,18 @@ class Scheduler:
         levels = [o.level for o in state.finished]
         if request.level is Level.FIRST:
             self._push(self._second_priority(state, outcome), outcome.key, Level.SECOND)
+            if self.config.repair_after == "first":
+                self._queue_repair(state, turn=1)
         if request.level in (Level.FIRST, Level.SECOND) and Level.FIRST in levels and Level.SECOND in levels:
-            self._queue_followups(state, next_repair=1, extra=True)  # both attempts are in
-        elif request.level is Level.REPAIR and request.repair_turn < len(self.config.repair_caps):
-            self._queue_followups(state, next_repair=request.repair_turn + 1, extra=False)
+            if self.config.repair_after == "both":  # both attempts are in
+                self._queue_repair(state, turn=1)
+            self._queue_extra(state)
+        elif request.level is Level.REPAIR:
+            self._queue_repair(state, turn=request.repair_turn + 1)
 
     def _second_priority(self, state: _InputState, first: Outcome) -> tuple:
-        promote = (state.info.task_inputs == 1 and first.natural and first.grid is not None
-                   and first.thinking_tokens < self.config.promote_below_thinking
+        promote = (self.config.promote_below_thinking > 0 and state.info.task_inputs == 1 and first.natural
+                   and first.grid is not None and first.thinking_tokens < self.config.promote_below_thinking
                    and first.task_id not in self.task_perfect)
         # Promoted second attempts sort before every unstarted first attempt (level 0, rank 0 < 1).
         if promote:
@@ -320,14 +338,21 @@ class Scheduler:
             if self.config.second_by_confidence else ()
         return (int(Level.SECOND), 0) + order + (next(self._order),)
 
-    def _queue_followups(self, state: _InputState, next_repair: int, extra: bool) -> None:
-        """Queue repair turn `next_repair` and (once) the extra attempt, when their conditions hold."""
-        if state.info.task_id in self.task_perfect:
+    def _queue_repair(self, state: _InputState, turn: int) -> None:
+        """Queue repair turn `turn` if there is one and no program of the task is train-perfect, but one of this
+        input's reproduces a demonstration."""
+        if turn > len(self.config.repair_caps) or state.info.task_id in self.task_perfect:
             return
         if max(o.demos_right for o in state.finished) >= 1:
-            self._push((int(Level.REPAIR), 0, next(self._order)), state.info.key, Level.REPAIR, next_repair)
+            self._push((int(Level.REPAIR), 0, next(self._order)), state.info.key, Level.REPAIR, turn)
+
+    def _queue_extra(self, state: _InputState) -> None:
+        """Queue the extra attempt (once both attempts are in) if no program of the task is train-perfect and the two
+        attempts' grids differ."""
+        if state.info.task_id in self.task_perfect:
+            return
         grids = {o.grid for o in state.finished if o.level in (Level.FIRST, Level.SECOND)}
-        if extra and len(grids) == 2 and None not in grids:
+        if len(grids) == 2 and None not in grids:
             self._push((int(Level.EXTRA), 0, next(self._order)), state.info.key, Level.EXTRA)
 
     def on_failed(self, now: float, request: Request) -> bool:

@@ -64,32 +64,34 @@ CASES = {  # name: (seed, throughput, serving model)
     "slow engine": (3, 0.5, MOE),  # the hard stop cuts attempts: aborted, truncated, skipped
 }
 
-GOLDEN: dict[str, object] = {  # computed by commit 97d12c4"s simulator
-    "base": {"finished": 449, "aborted": 0, "started": 449, "skipped": 215, "never_started": 145, "unanswered": 0,
+# Computed by commit 97d12c4's simulator; `never_started` since moe-4xL4's repair turn is queued after attempt 1
+# (issue 28: more repairs queued, none reached in these runs: every other number is unchanged).
+GOLDEN: dict[str, object] = {
+    "base": {"finished": 449, "aborted": 0, "started": 449, "skipped": 215, "never_started": 208, "unanswered": 0,
         "preemptions": 0, "tokens": 18624073, "score": 47.430556, "end_s": 42160.383, "slots": "80c83d4617596c89",
         "aborted_slots": "4f53cda18c2baa0c", "starts": "6beb824243111deb", "answered": "320a62a4fe177fec",
         "waits": "bd6f416de72d49f9", "timeline": "b87fc00309608d95", "preempted": "4f53cda18c2baa0c"},
-    "base seed 1": {"finished": 434, "aborted": 0, "started": 434, "skipped": 226, "never_started": 139,
+    "base seed 1": {"finished": 434, "aborted": 0, "started": 434, "skipped": 226, "never_started": 198,
         "unanswered": 0, "preemptions": 0, "tokens": 18608045, "score": 42.430556, "end_s": 42334.615,
         "slots": "c4b363614e2da1bb", "aborted_slots": "4f53cda18c2baa0c", "starts": "71c994176c621d48",
         "answered": "a10636816455cb09", "waits": "05bd1d050212d21a", "timeline": "125079d7f47b78e2",
         "preempted": "4f53cda18c2baa0c"},
-    "crowded cache": {"finished": 347, "aborted": 45, "started": 392, "skipped": 230, "never_started": 72,
+    "crowded cache": {"finished": 347, "aborted": 45, "started": 392, "skipped": 230, "never_started": 152,
         "unanswered": 39, "preemptions": 1511, "tokens": 15812261, "score": 39.513889, "end_s": 42547.28,
         "slots": "a53e1d39801b38c2", "aborted_slots": "32e28e27c238c38d", "starts": "48994b3ef169e42c",
         "answered": "2deed42042ad61a4", "waits": "8b4e301eb9e17354", "timeline": "355d270289d808ce",
         "preempted": "943041a9e4b5a71c"},
-    "watermark": {"finished": 398, "aborted": 24, "started": 422, "skipped": 229, "never_started": 107,
+    "watermark": {"finished": 398, "aborted": 24, "started": 422, "skipped": 229, "never_started": 178,
         "unanswered": 11, "preemptions": 555, "tokens": 17737415, "score": 42.847222, "end_s": 42548.657,
         "slots": "02e4bd93380f8f4b", "aborted_slots": "ab6082f6658b75a0", "starts": "e2acc0b7c406c1fa",
         "answered": "5f94097ed5bd17cc", "waits": "d33545a0828977c7", "timeline": "2dccf6115437e31b",
         "preempted": "cd1e89031b555213"},
-    "slow engine": {"finished": 189, "aborted": 50, "started": 239, "skipped": 259, "never_started": 24,
+    "slow engine": {"finished": 189, "aborted": 50, "started": 239, "skipped": 259, "never_started": 82,
         "unanswered": 165, "preemptions": 0, "tokens": 9425196, "score": 22.430556, "end_s": 42313.626,
         "slots": "7e482fe70db36bf0", "aborted_slots": "010d2d77b3a7632f", "starts": "c2b7922f68829d99",
         "answered": "9fd6e9a1145177d9", "waits": "97c104182cb391ec", "timeline": "d253e8d432bb70d4",
         "preempted": "4f53cda18c2baa0c"},
-    "bare policy": {"finished": 438, "aborted": 0, "started": 438, "skipped": 226, "never_started": 137,
+    "bare policy": {"finished": 438, "aborted": 0, "started": 438, "skipped": 226, "never_started": 190,
         "unanswered": 0, "preemptions": 0, "tokens": 18874557, "score": 45.347222, "end_s": 42278.375,
         "slots": "f8de4b042a543282", "aborted_slots": "4f53cda18c2baa0c", "starts": "dbd3aa1f3e0c41c1",
         "answered": "f7f71b6f8bb5dae0", "waits": "835497179e58cb32"},

@@ -14,7 +14,8 @@ The grid's tokens are the grid text re-encoded (the sampled ids after `</think>`
 the ids as sampled. Pre-tokenised rows built from the inference prompt's ids are the only way to guarantee training
 and inference prompts are token-identical (LIBRARIES.md); `check_prompt` re-renders each prompt with the current
 tokenizer and template and fails loudly, naming the task and the first differing token, when they are not (a changed
-chat template, another tokenizer).
+chat template, another tokenizer, or traces sampled under another profile's `[prompt]`: pass the profile the model
+will run with, e.g. `--profile dense-27b-4xL4`, whose JSON grids are RFT v1's).
 """
 
 from __future__ import annotations
