@@ -218,6 +218,29 @@ def test_pruning_a_quantised_checkpoint_equals_quantising_the_pruned_one(recipe,
     assert not any(f".experts.{KEEP}." in t for t in targets) and any(".experts.3.down_proj" in t for t in targets)
 
 
+def test_every_part_of_an_expert_follows_it_and_the_config_names_too():
+    """Asymmetric and act-order checkpoints carry more parts per expert (`weight_zero_point`, `weight_g_idx`): all go
+    or are renumbered with the expert; the quantization_config's explicit names follow, its patterns stay."""
+    from build.prune import kept_tensors, module_renames, pruned_quantization_config
+
+    parts = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point", "weight_g_idx")
+    names = ["model.layers.0.mlp.gate.weight"] + [f"model.layers.0.mlp.experts.{e}.up_proj.{part}"
+                                                   for e in range(4) for part in parts]
+    kept = kept_tensors(names, {"model.layers.0.mlp.gate.weight": [1, 3]}, "test")
+    expert = "model.layers.0.mlp.experts.{}.up_proj.{}"
+    assert kept == {"model.layers.0.mlp.gate.weight": "model.layers.0.mlp.gate.weight",
+                    **{expert.format(old, part): expert.format(new, part) for new, old in enumerate([1, 3])
+                       for part in parts}}
+    modules, gone = module_renames(kept, set(names) - set(kept))
+    config = {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
+              "config_groups": {"group_0": {"targets": [f"model.layers.0.mlp.experts.{e}.up_proj" for e in range(4)]},
+                                "group_1": {"targets": ["re:.*linear_attn.*"]}}}
+    pruned = pruned_quantization_config(config, modules, gone)
+    assert pruned["config_groups"]["group_0"]["targets"] == ["model.layers.0.mlp.experts.0.up_proj",
+                                                             "model.layers.0.mlp.experts.1.up_proj"]
+    assert pruned["config_groups"]["group_1"] == config["config_groups"]["group_1"] and pruned["ignore"] == ["lm_head"]
+
+
 def test_a_quantised_source_is_refused(checkpoint, tmp_path):
     """A checkpoint quantised by another method than compressed-tensors (whose tensor names are not known here)."""
     source = tmp_path / "model"
