@@ -137,8 +137,10 @@ CORPUS_MIX_ARGS = $(if $(CORPUS_MIX),--config training/rft-tiny.toml --corpus $(
 # routing statistics, expert lists and their report, the pruned checkpoint.
 # With TOPOLOGY=qwen3-next-80b (or qwen3-30b-a3b): the real model's tensors at tiny widths (build.topology), and every
 # step at that scale: calibrate (layer by layer) -> lists -> prune -> quantise -> patch -> likelihood check, each
-# step's time and peak memory printed.
+# step's time and peak memory printed. Its quantising step uses the kit's NVFP4 recipe: the topology's tiny widths (32
+# and 16) cannot fill the study's W4A16 groups of 128 (build/recipes/moe-4xL4.toml refuses them).
 PD = $(OUT)/prune-demo
+PD_RECIPE = build/recipes/moe-4xL4-nvfp4.toml
 TOPOLOGY ?=
 TIMED = /usr/bin/time -f "  -> %e s, peak RSS %M kB"
 prune-demo: build-env
@@ -158,11 +160,11 @@ else
 	$(TIMED) $(BPY) -m build.calibrate --model $(PD)/model --traces $(PD)/traces.jsonl --out $(PD)/stats.npz
 	$(TIMED) $(BPY) -m build.experts --stats $(PD)/stats.npz --config build/lists.toml --out $(PD)/lists
 	$(TIMED) $(BPY) -m build.prune --model $(PD)/model --list $(PD)/lists/c8.json --out $(PD)/pruned
-	$(TIMED) $(BPY) -m build.quantize --model $(PD)/pruned --recipe build/recipes/moe-4xL4.toml \
+	$(TIMED) $(BPY) -m build.quantize --model $(PD)/pruned --recipe $(PD_RECIPE) \
 	    --out $(PD)/quantized --no-report
 	$(TIMED) $(BPY) -m build.patch_eot --model $(PD)/quantized --out $(PD)/patched
 	$(TIMED) $(BPY) -m build.check_quality --reference $(PD)/pruned --candidate $(PD)/patched \
-	    --traces $(PD)/traces.jsonl --recipe build/recipes/moe-4xL4.toml
+	    --traces $(PD)/traces.jsonl --recipe $(PD_RECIPE)
 endif
 
 # The locked wheels of a bundle target, downloaded into ~/.cache/arc-kit/wheels/TARGET and checked against

@@ -137,6 +137,13 @@ class Shards:
 def _preset_of(group: dict) -> str:
     """The kit's scheme name of a compressed-tensors config group (as build.quantize writes them)."""
     weights, inputs = group.get("weights") or {}, group.get("input_activations")
+    if weights.get("type") == "int":
+        found = (weights.get("num_bits"), weights.get("strategy"), weights.get("group_size"), weights.get("symmetric"))
+        known = {(4, "group", 128, True): "W4A16", (8, "channel", None, True): "W8A16_CHANNEL"}
+        if found not in known:
+            raise ValueError(f"config.json: quantization_config group {group.get('targets', [])[:2]}...: INT weights "
+                             f"(bits, strategy, group size, symmetric) {found}, not one of {sorted(known.values())}")
+        return known[found]
     if weights.get("num_bits") == 4:
         return "NVFP4" if inputs else "NVFP4A16"
     return "FP8_DYNAMIC" if inputs is None or inputs.get("dynamic") else "FP8"

@@ -16,8 +16,16 @@ from the memory-mapped source shard straight to safetensors' serialiser (`serial
 router rows are gathered. The converter loaded every tensor, sliced it and saved it again: ~0.1x a copy's throughput
 (benchmarks/RESULTS.md).
 
+A compressed-tensors checkpoint (the community W4A16 one the study served, or build.quantize's output) is pruned the
+same way: every tensor of a dropped expert goes (`weight_packed`, `weight_scale`, `weight_shape`, `weight_zero_point`,
+`weight_global_scale`, ...: whatever follows `experts.E.{gate,up,down}_proj.`), the kept experts' tensors are renamed
+byte for byte, the router (BF16 in those checkpoints) loses its rows, and the expert module names the
+`quantization_config` lists (its `targets` and `ignore`) are renamed or dropped alike; names it matches by pattern or
+class stay. Every scheme quantises each expert on its own (scales per group or channel; NVFP4's global scale is one
+per expert's gate/up pair), so the result is what quantising the pruned BF16 checkpoint writes (tests/test_prune.py).
 Lists with unequal counts per layer, unknown layers, out-of-range or duplicate experts, or fewer experts than the
-model routes to per token are refused before any work, as is an already quantised source (prune before quantising).
+model routes to per token are refused before any work, as is a checkpoint quantised by another method than
+compressed-tensors (its tensors' names are not known here).
 The output is written to `OUT.partial` and renamed to `OUT` only when complete, with `pruning.json` recording the
 list, its provenance and the source checkpoint.
 """
@@ -37,7 +45,7 @@ import numpy as np
 from build.checkpoint import DTYPES, CheckpointError, checkpoint_files, copy_other_files, read_header, weight_map
 
 ROUTER = r"(?:^|\.)layers\.(\d+)\.mlp\.gate\.weight$"
-EXPERT = r"\.mlp\.experts\.\d+\.(?:gate|up|down)_proj\.weight$"
+EXPERT = r"\.mlp\.experts\.\d+\.(?:gate|up|down)_proj\.[a-z_]+$"  # `weight`, or compressed-tensors' parts
 MTP_ROUTER = r"^mtp\..*\.mlp\.gate\.weight$"
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "moe_num_experts", "n_routed_experts")  # compressed-tensors'
 PER_TOKEN_KEYS = ("top_k_experts", "num_experts_per_tok")
@@ -154,6 +162,32 @@ def kept_tensors(names: list[str], retained: dict[str, list[int]], source: str) 
     return out
 
 
+def module_renames(names: dict[str, str], dropped: set[str]) -> tuple[dict[str, str], set[str]]:
+    """(old module -> new module for the renamed experts' projections, the dropped ones) from the tensor renames
+    (`kept_tensors`) and the dropped tensor names. Pure."""
+    return ({old.rpartition(".")[0]: new.rpartition(".")[0] for old, new in names.items() if old != new},
+            {name.rpartition(".")[0] for name in dropped})
+
+
+def pruned_quantization_config(quantization: dict, modules: dict[str, str], gone: set[str]) -> dict:
+    """A compressed-tensors `quantization_config` with its module names (config groups' `targets`, `ignore`) renamed
+    as the expert tensors are (`experts.5.up_proj` -> `experts.1.up_proj`, `module_renames`) and dropped experts'
+    names removed; a renamed list is sorted, as build.quantize writes it. Patterns (`re:...`) and class names stay.
+    Pure."""
+
+    def rename(targets: list[str]) -> list[str]:
+        if not any(t in modules or t in gone for t in targets):
+            return targets
+        return sorted(modules.get(t, t) for t in targets if t not in gone)
+
+    out = dict(quantization)
+    out["config_groups"] = {key: dict(group, targets=rename(group.get("targets", [])))
+                            for key, group in quantization.get("config_groups", {}).items()}
+    if out.get("ignore"):
+        out["ignore"] = rename(out["ignore"])
+    return out
+
+
 def prune_shard(source: Path, target: Path, names: dict[str, str], retained: dict[str, list[int]]) -> dict[str, int]:
     """Write `target` with the tensors of `source` that `names` keeps, renamed, routers cut to their `retained` rows;
     returns the written tensors' sizes. Kept tensors go from the memory-mapped source to the serialiser by pointer."""
@@ -191,9 +225,11 @@ def prune(model: str | Path, list_path: str | Path, out: str | Path, on_shard=No
     files = checkpoint_files(model)
     weights = weight_map(files)
     config = json.loads((model / "config.json").read_text())
-    if "quantization_config" in config:
-        raise PruneError(f"{model}/config.json: quantization_config is set: prune the unquantised checkpoint, then "
-                         "quantise (build.quantize)")
+    quantization = config.get("quantization_config")
+    if quantization is not None and quantization.get("quant_method") != "compressed-tensors":
+        raise PruneError(f"{model}/config.json: quantization_config.quant_method is "
+                         f"{quantization.get('quant_method')!r}: only compressed-tensors checkpoints (or unquantised "
+                         "ones) are pruned here")
     found = config_value(config, EXPERT_COUNT_KEYS)
     if found is None:
         raise PruneError(f"{model}/config.json: none of {', '.join(EXPERT_COUNT_KEYS)} (not a mixture of experts)")
@@ -205,6 +241,9 @@ def prune(model: str | Path, list_path: str | Path, out: str | Path, on_shard=No
     mtp_routers = [n for n in weights if re.search(MTP_ROUTER, n)]
     retained.update(_mtp_retained(mtp_routers, weights, model, len(experts[0])))
     names = kept_tensors(list(weights), retained, str(model))
+    modules, gone = module_renames(names, set(weights) - set(names))
+    if quantization is not None:
+        config = dict(config, quantization_config=pruned_quantization_config(quantization, modules, gone))
     partial = out.with_name(out.name + ".partial")
     if partial.exists():
         shutil.rmtree(partial)
@@ -212,6 +251,13 @@ def prune(model: str | Path, list_path: str | Path, out: str | Path, on_shard=No
     shards = [name for name in files if name.endswith(".safetensors")]
     total, new_map = 0, {}
     copy_other_files(files, partial)
+    report = partial / "quantization_report.json"  # build.quantize's, per module: renamed as the modules are
+    if report.exists():
+        from build.quantize import report_json  # numpy and json only: no torch
+
+        rows = json.loads(report.read_text())
+        rows["tensors"] = {modules.get(m, m): row for m, row in rows.get("tensors", {}).items() if m not in gone}
+        report.write_text(report_json(rows))
     for done, name in enumerate(shards, 1):
         sizes = prune_shard(Path(files[name]), partial / name, names, retained)
         total += sum(sizes.values())

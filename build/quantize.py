@@ -7,10 +7,15 @@ up_proj`, optionally limited to a layer range) to a scheme; the first matching r
 as they are (BF16). Schemes: `NVFP4A16` (E2M1 weights, FP8 E4M3 scale per 16, FP32 global scale; weight-only FP4
 kernels on the L4), `NVFP4` (W4A4: the same weights and a calibrated input global scale), `FP8_DYNAMIC` (FP8 weights
 per channel, dynamic per-token activations), `FP8` (per-tensor FP8 weights and a calibrated static input scale),
-`BF16` (keep). Static schemes need `--calibration-tasks` (build.input_scales).
+`W4A16` (symmetric INT4 weights, a BF16 scale per group of 128 inputs: compressed-tensors' preset of that name) and
+`W8A16_CHANNEL` (symmetric INT8 weights, a BF16 scale per output channel), both in compressed-tensors'
+`pack-quantized` format (the integers packed into int32 words, `weight_shape` beside them: what vLLM 0.33 runs through
+its weight-only INT kernels, Marlin on the L4), and `BF16` (keep). Static schemes need `--calibration-tasks`
+(build.input_scales).
 
 Weights are quantised in float32 (bf16 division flips ~0.5% of the nibbles). Every set of weights vLLM fuses into
-one linear shares one global scale (and one static input scale), since vLLM keeps only the first: the groups come
+one linear shares one global scale (and one static input scale), since vLLM keeps only the first (INT schemes have
+no global scale; their scales are per group or per channel, so the members need nothing shared): the groups come
 from one table per architecture (build.fused: q/k/v, gate/up of dense MLPs, of each routed expert and of shared
 experts), found in one pass over the names; a recipe giving a group's members different schemes, or quantising
 nothing, is refused before any work, as is a source that is quantised already.
@@ -26,8 +31,10 @@ memory-mapped (no torch load), each output shard holds what the converter's woul
 its first member's shard), kept tensors go to safetensors' serialiser by pointer, and a shard's NVFP4 weights are
 quantised together by two compiled loops (build.nvfp4: the library's CPU fallbacks run ~10 M elements/s each, ~4
 hours of an 80B model's experts on one core). FP8 weights (attention, a few per layer) go through the library's own
-`FloatQuantizationCompressor`. The `quantization_config` in config.json and the index are written by the library's
-writers. A per-tensor report (`quantization_report.json`: scheme, relative error of the dequantised weight, computed
+`FloatQuantizationCompressor`, INT weights through its `calculate_qparams` and `PackedQuantizationCompressor` (torch's
+vectorised calls: ~19 M weights/s on two busy cores, 2026-12-04, so ~1 hour for an 80B model's experts there; a
+compiled loop like build.nvfp4's would be the next step if that matters). The `quantization_config` in config.json
+and the index are written by the library's writers. A per-tensor report (`quantization_report.json`: scheme, relative error of the dequantised weight, computed
 in float32 where the library dequantises in bfloat16) comes with the output.
 With `--calibration-tasks`, FP8 KV-cache scales calibrated on the solver's own prompts of those tasks
 (build.kv_scales) are added too, with the `kv_cache_scheme` vLLM reads; they and the static input scales (observed
@@ -56,9 +63,10 @@ from build.checkpoint import DTYPES, checkpoint_files, copy_other_files, read_he
 if TYPE_CHECKING:
     import torch
 
-SCHEMES = ("NVFP4A16", "NVFP4", "FP8_DYNAMIC", "FP8", "BF16")
+SCHEMES = ("NVFP4A16", "NVFP4", "FP8_DYNAMIC", "FP8", "W4A16", "W8A16_CHANNEL", "BF16")
 FORMATS = {"NVFP4A16": "nvfp4-pack-quantized", "NVFP4": "nvfp4-pack-quantized", "FP8_DYNAMIC": "float-quantized",
-           "FP8": "float-quantized"}
+           "FP8": "float-quantized", "W4A16": "pack-quantized", "W8A16_CHANNEL": "pack-quantized"}
+INT_GROUP = 128  # W4A16's group of inputs per scale (compressed-tensors' preset; vLLM's Marlin kernels take it)
 STATIC = ("NVFP4", "FP8")  # schemes whose activation scales are calibrated (build.input_scales)
 LAYER = re.compile(r"\.layers\.(\d+)\.")
 
@@ -112,8 +120,13 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 def _scheme(name: str, targets: list[str]):
-    from compressed_tensors.quantization import preset_name_to_scheme
+    """compressed-tensors' scheme of a kit scheme name: its preset, but for W8A16_CHANNEL (the preset W8A16 has
+    groups of 128; the study's linear-attention projections were INT8 per channel)."""
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme, preset_name_to_scheme
 
+    if name == "W8A16_CHANNEL":
+        return QuantizationScheme(targets=targets, weights=QuantizationArgs(
+            num_bits=8, type="int", symmetric=True, strategy="channel", dynamic=False))
     return preset_name_to_scheme(name, targets)
 
 
@@ -140,6 +153,11 @@ def plan(recipe: Recipe, tensors: dict[str, tuple[int, ...]], table: dict[str, t
     if not schemes:
         raise ValueError(f"recipe {recipe.name!r}: its patterns {[r.pattern for r in recipe.rules]} match no "
                          f"quantisable weight of {source}")
+    ragged = sorted(m for m, s in schemes.items() if s == "W4A16" and tensors[f"{m}.weight"][1] % INT_GROUP)
+    if ragged:
+        raise ValueError(f"recipe {recipe.name!r}: W4A16 needs input widths that are multiples of {INT_GROUP} "
+                         f"(vLLM's group kernels), but {source} has e.g. {ragged[0]} of width "
+                         f"{tensors[ragged[0] + '.weight'][1]} ({len(ragged)} such weights)")
     for fused, members in groups(candidates, table).items():
         split = {module: candidates[module] for module in members}
         if len(set(split.values())) > 1:
@@ -149,6 +167,28 @@ def plan(recipe: Recipe, tensors: dict[str, tuple[int, ...]], table: dict[str, t
         raise ValueError(f"recipe {recipe.name!r} quantises lm_head, but {source} has MTP weights: vLLM 0.33's "
                          "Qwen3-Next MTP builds its output head without a quantization config (qwen3_next_mtp.py)")
     return schemes
+
+
+def int_weights(weights: dict[str, "torch.Tensor"], scheme_name: str) -> dict[str, "torch.Tensor"]:
+    """W4A16 / W8A16_CHANNEL weights by compressed-tensors' own calls: the scale of each group of 128 inputs (W4A16)
+    or of each output channel by `calculate_qparams` on the float32 weights, rounded to bfloat16 (the dtype
+    llm-compressor's checkpoints store and vLLM's kernels take) before `PackedQuantizationCompressor.compress` divides
+    by it, so the stored scale is the one the integers were made with. Keys are module names; the result is keyed by
+    full tensor name (`weight_packed` int32, `weight_scale` bfloat16, `weight_shape` int64). Pure (no I/O)."""
+    import torch
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.quantization.utils.helpers import calculate_qparams
+
+    scheme = _compression_scheme(scheme_name)
+    out = {}
+    for name, w in weights.items():
+        w = w.to(torch.float32)
+        parts = w.reshape(w.shape[0], -1, INT_GROUP) if scheme_name == "W4A16" else w.unsqueeze(1)
+        scale, _ = calculate_qparams(parts.amin(-1), parts.amax(-1), scheme.weights)
+        state = PackedQuantizationCompressor.compress({"weight": w, "weight_scale": scale.to(torch.bfloat16)},
+                                                      scheme)
+        out.update({f"{name}.{k}": v for k, v in state.items()})
+    return out
 
 
 def fp8_weights(weights: dict[str, "torch.Tensor"], scheme_name: str,
@@ -316,7 +356,8 @@ def quantize_shard(shards: Shards, names: list[str], schemes: dict[str, str], gr
                    largest: dict[tuple[str, str], float], report: dict[str, dict], with_error: bool) -> dict:
     """One output shard's tensors as safetensors specs (name -> (dtype, shape, array)), the same tensors the converter
     writes: passed-through tensors as views of the source map, NVFP4 weights from build.nvfp4 (all of the shard's at
-    once), FP8 weights from the library, KV-cache scales beside each attention layer's k_proj. Fills `report`."""
+    once), FP8 and INT weights from the library, KV-cache scales beside each attention layer's k_proj. Fills
+    `report`."""
     import torch
 
     from build.nvfp4 import quantize as nvfp4
@@ -347,9 +388,10 @@ def quantize_shard(shards: Shards, names: list[str], schemes: dict[str, str], gr
     extras = {key: static_input(key[1], group_input_amax(modules, input_amax, largest, key[1], report))
               for key, modules in groups.items() if key[1] in STATIC}
     for (fused, scheme), modules in groups.items():
-        if scheme.startswith("FP8"):
+        if not scheme.startswith("NVFP4"):  # FP8 and INT: the library's own calls, module by module
             loaded = {m: shards.tensor(f"{m}.weight") for m in modules}
-            state = fp8_weights(loaded, scheme, extras.get((fused, scheme)))
+            state = (fp8_weights(loaded, scheme, extras.get((fused, scheme))) if scheme.startswith("FP8")
+                     else int_weights(loaded, scheme))
             for k, v in state.items():
                 put(k, v)
             for module in modules:
@@ -465,9 +507,11 @@ def quantize(model: str | Path, recipe_path: str | Path, out: str | Path,
 def dequantize(state: dict[str, "torch.Tensor"], module: str, scheme_name: str) -> "torch.Tensor":
     from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
     from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
 
     local = {k[len(module) + 1:]: v for k, v in state.items() if k.startswith(module + ".")}
-    compressor = NVFP4PackedCompressor if scheme_name.startswith("NVFP4") else FloatQuantizationCompressor
+    compressor = {"nvfp4-pack-quantized": NVFP4PackedCompressor, "float-quantized": FloatQuantizationCompressor,
+                  "pack-quantized": PackedQuantizationCompressor}[FORMATS[scheme_name]]
     return compressor.decompress(local, _compression_scheme(scheme_name))["weight"]
 
 

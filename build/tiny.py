@@ -100,11 +100,12 @@ def make_config(arch: str, vocab_size: int, eos_id: int, pad_id: int):
 
 
 def make_checkpoint(out: str | Path, arch: str = "qwen3", seed: int = 0, max_shard_size: str = "50GB",
-                    patched: bool = True, tied: bool = False) -> Path:
+                    patched: bool = True, tied: bool = False, widths: dict[str, int] | None = None) -> Path:
     """Write a tokenizer and a random-weight model of `arch` to `out` (bf16 safetensors, like a real release;
     a small `max_shard_size` gives several shards, as real checkpoints have). `patched` applies the end-of-turn
     patch in memory and records it as build.patch_eot does; `tied` ties the output head to the embeddings (with
-    `patched`, untied again first, as the patch does to a tied checkpoint)."""
+    `patched`, untied again first, as the patch does to a tied checkpoint). `widths` overrides config sizes (W4A16's
+    groups of 128 need `moe_intermediate_size=128`: the experts' down_proj inputs)."""
     from build.patch_eot import PATCH_KEY, end_token_ids
 
     import torch
@@ -117,6 +118,10 @@ def make_checkpoint(out: str | Path, arch: str = "qwen3", seed: int = 0, max_sha
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     torch.manual_seed(seed)
     config = make_config(arch, len(tokenizer), eos_id, pad_id)
+    for key, value in (widths or {}).items():
+        if not hasattr(config, key):
+            raise ValueError(f"build.tiny: {arch} config has no {key!r}")
+        setattr(config, key, value)
     config.tie_word_embeddings = tied
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     if patched:  # what build.patch_eot does to a real checkpoint (SPEC section 2), here in memory

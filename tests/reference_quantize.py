@@ -1,8 +1,9 @@
 """The quantiser as compressed-tensors itself runs it, the reference build.quantize's output is compared with byte
 for byte: the library's streaming converter (`convert_checkpoint`) driving a converter that quantises each fused
 group with the library's own calls (`generate_gparam`, `calculate_qparams`, `NVFP4PackedCompressor`,
-`FloatQuantizationCompressor`) tensor by tensor, with its CPU fallbacks for the FP4 cast and packing. This was
-build.quantize itself until its NVFP4 arithmetic moved into compiled loops (build/nvfp4.py): ~10 M elements/s here.
+`FloatQuantizationCompressor`, `PackedQuantizationCompressor`) tensor by tensor, with its CPU fallbacks for the FP4
+cast and packing. This was build.quantize itself until its NVFP4 arithmetic moved into compiled loops
+(build/nvfp4.py): ~10 M elements/s here.
 """
 
 from __future__ import annotations
@@ -57,6 +58,18 @@ def quantize_weights(weights: dict[str, "torch.Tensor"], scheme_name: str,
             state = FloatQuantizationCompressor.compress({"weight": w, "weight_scale": scale}, scheme)
             out.update({f"{name}.{k}": v for k, v in state.items()})
             out.update({f"{name}.{k}": v.clone() for k, v in extra.items()})
+    elif scheme_name in ("W4A16", "W8A16_CHANNEL"):  # the library's qparams, bfloat16 scales, its packing compressor
+        from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+
+        for name, w in upcast.items():
+            if args.strategy == "group":
+                groups = w.reshape(w.shape[0], -1, args.group_size)
+                scale, _ = calculate_qparams(groups.amin(-1), groups.amax(-1), args)
+            else:  # per output channel
+                scale, _ = calculate_qparams(w.amin(1, keepdim=True), w.amax(1, keepdim=True), args)
+            state = PackedQuantizationCompressor.compress({"weight": w, "weight_scale": scale.to(torch.bfloat16)},
+                                                          scheme)
+            out.update({f"{name}.{k}": v for k, v in state.items()})
     else:
         raise ValueError(f"not a quantising scheme: {scheme_name}")
     return out

@@ -86,11 +86,15 @@ def test_layered_statistics_equal_whole_model_hooks(tmp_path, arch):
     assert stats.saliency_sum.sum() > 0
 
 
-def test_quantised_modules_dequantise_in_memory_as_the_library_does(tmp_path, read_tensors):
+@pytest.mark.parametrize("recipe, widths", [
+    ("build/recipes/moe-4xL4-nvfp4.toml", None),  # NVFP4 experts, FP8 attention
+    ("build/recipes/moe-4xL4.toml", {"moe_intermediate_size": 128}),  # the study's W4A16 (groups of 128)
+])
+def test_quantised_modules_dequantise_in_memory_as_the_library_does(tmp_path, read_tensors, recipe, widths):
     from build.quantize import dequantize_checkpoint, quantize
 
-    source = make_checkpoint(tmp_path / "model", "qwen3_moe", seed=0, max_shard_size="300KB")
-    quantize(source, "build/recipes/moe-4xL4.toml", tmp_path / "q", report=False)
+    source = make_checkpoint(tmp_path / "model", "qwen3_moe", seed=0, max_shard_size="300KB", widths=widths)
+    quantize(source, recipe, tmp_path / "q", report=False)
     plain = read_tensors(dequantize_checkpoint(tmp_path / "q", tmp_path / "deq"))
     layer = Shards(tmp_path / "q").read("model.layers.1.", torch.bfloat16)
     expected = {k[len("model.layers.1."):]: v for k, v in plain.items() if k.startswith("model.layers.1.")}

@@ -19,7 +19,8 @@ from submission.bundle_files import join_split_files  # noqa: E402
 
 
 def test_prune_quantise_patch_bundle(tmp_path):
-    model = make_checkpoint(tmp_path / "moe", "qwen3_moe", seed=0, patched=False)
+    model = make_checkpoint(tmp_path / "moe", "qwen3_moe", seed=0, patched=False,
+                            widths={"moe_intermediate_size": 128})  # the W4A16 recipe's groups of 128
     (tmp_path / "list.json").write_text(json.dumps({"name": "half", "experts": [[0, 2, 4, 6], [1, 3, 5, 7]]}))
     dataset = run("moe-4xL4", "cpu-py311", tmp_path / "out", model, tmp_path / "list.json",
                   Path("build/recipes/moe-4xL4.toml"))

@@ -1,5 +1,6 @@
 """Expert pruning on tiny sharded Qwen3-MoE and Qwen3-Next checkpoints: the pruned model equals the original with the
-dropped experts' router logits at minus infinity, kept experts are bit-identical, bad lists are refused.
+dropped experts' router logits at minus infinity, kept experts are bit-identical, bad lists are refused, and pruning a
+quantised (W4A16 or NVFP4) checkpoint writes what quantising the pruned BF16 one writes.
 Needs the build environment (compressed-tensors' converter; make build-env); skipped elsewhere."""
 
 from __future__ import annotations
@@ -171,8 +172,77 @@ def test_files_equal_the_library_converters_byte_for_byte(arch, tmp_path):
         assert (out / name).read_bytes() == (tmp_path / "reference" / name).read_bytes(), name
 
 
+@pytest.mark.parametrize("recipe", ["build/recipes/moe-4xL4.toml", "build/recipes/moe-4xL4-nvfp4.toml"])
+def test_pruning_a_quantised_checkpoint_equals_quantising_the_pruned_one(recipe, tmp_path):
+    """A team downloads the W4A16 checkpoint, not BF16: pruning it (every part of a dropped expert, the router rows,
+    the quantization_config's expert names, the report's rows) writes what pruning the BF16 checkpoint and then
+    quantising writes: every shard byte for byte, the same config.json, index and report. On a tiny Qwen3-Next with
+    its MTP layer (experts 128 wide, W4A16's groups of 128), for the study's recipe and the kit's NVFP4 one."""
+    from safetensors import safe_open
+
+    from build.quantize import quantize
+
+    source = make_checkpoint(tmp_path / "model", "qwen3_next", seed=0, max_shard_size="300KB",
+                             widths={"moe_intermediate_size": 128})
+    config = add_mtp_shard(source)
+    rng = random.Random(4)
+    kept = [sorted(rng.sample(range(EXPERTS), KEEP)) for _ in range(config["num_hidden_layers"])]
+    (tmp_path / "list.json").write_text(json.dumps({"name": "random4", "experts": kept}))
+    quantize(source, recipe, tmp_path / "quantised")
+    ours = prune(tmp_path / "quantised", tmp_path / "list.json", tmp_path / "ours")
+    theirs = tmp_path / "theirs"
+    quantize(prune(source, tmp_path / "list.json", tmp_path / "pruned"), recipe, theirs)
+
+    files = sorted(p.relative_to(theirs).as_posix() for p in theirs.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(ours).as_posix() for p in ours.rglob("*") if p.is_file())
+    shards = [f for f in files if f.endswith(".safetensors")]
+    assert len(shards) > 2 and "mtp.safetensors" in shards
+    for name in shards:
+        assert (ours / name).read_bytes() == (theirs / name).read_bytes(), name
+    for name in ("config.json", "model.safetensors.index.json"):
+        assert json.loads((ours / name).read_text()) == json.loads((theirs / name).read_text()), name
+    report = {name: json.loads((folder / "quantization_report.json").read_text())["tensors"] for name, folder in
+              (("ours", ours), ("theirs", theirs))}
+    assert report["ours"] == report["theirs"]
+    for name in files:
+        if not name.endswith(".safetensors") and name not in ("config.json", "model.safetensors.index.json",
+                                                              "quantization_report.json", "pruning.json"):
+            assert (ours / name).read_bytes() == (theirs / name).read_bytes(), name
+
+    with safe_open(ours / "mtp.safetensors", framework="pt") as f:  # every part of a dropped expert went
+        names = set(f.keys())
+    parts = {n.rpartition(".")[2] for n in names if ".experts.0.up_proj." in n}
+    assert len(parts) >= 3 and not any(f".experts.{KEEP}." in n for n in names)
+    groups = json.loads((ours / "config.json").read_text())["quantization_config"]["config_groups"]
+    targets = [t for group in groups.values() for t in group["targets"]]
+    assert not any(f".experts.{KEEP}." in t for t in targets) and any(".experts.3.down_proj" in t for t in targets)
+
+
+def test_every_part_of_an_expert_follows_it_and_the_config_names_too():
+    """Asymmetric and act-order checkpoints carry more parts per expert (`weight_zero_point`, `weight_g_idx`): all go
+    or are renumbered with the expert; the quantization_config's explicit names follow, its patterns stay."""
+    from build.prune import kept_tensors, module_renames, pruned_quantization_config
+
+    parts = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point", "weight_g_idx")
+    names = ["model.layers.0.mlp.gate.weight"] + [f"model.layers.0.mlp.experts.{e}.up_proj.{part}"
+                                                   for e in range(4) for part in parts]
+    kept = kept_tensors(names, {"model.layers.0.mlp.gate.weight": [1, 3]}, "test")
+    expert = "model.layers.0.mlp.experts.{}.up_proj.{}"
+    assert kept == {"model.layers.0.mlp.gate.weight": "model.layers.0.mlp.gate.weight",
+                    **{expert.format(old, part): expert.format(new, part) for new, old in enumerate([1, 3])
+                       for part in parts}}
+    modules, gone = module_renames(kept, set(names) - set(kept))
+    config = {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
+              "config_groups": {"group_0": {"targets": [f"model.layers.0.mlp.experts.{e}.up_proj" for e in range(4)]},
+                                "group_1": {"targets": ["re:.*linear_attn.*"]}}}
+    pruned = pruned_quantization_config(config, modules, gone)
+    assert pruned["config_groups"]["group_0"]["targets"] == ["model.layers.0.mlp.experts.0.up_proj",
+                                                             "model.layers.0.mlp.experts.1.up_proj"]
+    assert pruned["config_groups"]["group_1"] == config["config_groups"]["group_1"] and pruned["ignore"] == ["lm_head"]
+
+
 def test_a_quantised_source_is_refused(checkpoint, tmp_path):
-    """Pruning drops `.weight` tensors by name; a quantised expert's scales would stay behind: prune first."""
+    """A checkpoint quantised by another method than compressed-tensors (whose tensor names are not known here)."""
     source = tmp_path / "model"
     shutil.copytree(checkpoint, source)
     config = json.loads((source / "config.json").read_text())

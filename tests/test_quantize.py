@@ -1,12 +1,14 @@
 """Quantisation recipes on tiny checkpoints: every output file equal byte for byte to compressed-tensors' own
 converter and compressors (tests/reference_quantize.py) across architectures, shardings, static schemes and KV-cache
-scales; NVFP4 bytes against an independent reference of the format, FP8 per channel, shared global scales of fused
-projections, untouched BF16 parts, the quantization_config, and a dequantised checkpoint that transformers loads.
+scales; NVFP4 and INT4/INT8 bytes against independent references of the formats, FP8 per channel, shared global
+scales of fused projections, untouched BF16 parts, the quantization_config (the W4A16 one as vLLM 0.33 reads it), and
+a dequantised checkpoint that transformers loads.
 Needs the build environment (make build-env)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +23,10 @@ from build.tiny import make_checkpoint  # noqa: E402
 from reference_quantize import reference_quantize  # noqa: E402  (tests/ is on the path)
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-RECIPE = "build/recipes/moe-4xL4.toml"
+RECIPE = "build/recipes/moe-4xL4.toml"  # the study's W4A16 format
+NVFP4_RECIPE = "build/recipes/moe-4xL4-nvfp4.toml"  # the kit's own NVFP4/FP8 alternative
+GROUPS_OF_128 = {"moe_intermediate_size": 128}  # tiny experts whose down_proj inputs fill W4A16's groups of 128
+VLLM_CONFIG = Path(__file__).parent / "w4a16_quantization_config.json"  # read by tests/test_w4a16_vllm.py
 STATIC_RULES = r"""
 [[rules]]
 pattern = '\.experts\.\d+\.(gate|up|down)_proj$'
@@ -123,7 +128,7 @@ def test_quantised_checkpoint_layout_config_and_dequantised_load(tmp_path, read_
     from transformers import AutoModelForCausalLM
 
     source = make_checkpoint(tmp_path / "model", "qwen3_moe", seed=0, max_shard_size="300KB")
-    report = quantize(source, RECIPE, tmp_path / "q")
+    report = quantize(source, NVFP4_RECIPE, tmp_path / "q")
     before, after = read_tensors(source), read_tensors(tmp_path / "q")
     expert = "model.layers.1.mlp.experts.3"
     assert after[f"{expert}.up_proj.weight_packed"].dtype == torch.uint8
@@ -170,7 +175,7 @@ def test_kv_cache_scales(tmp_path, arc_data, read_tensors):
     amax = kv_amax(source, prompts)
     assert sorted(amax) == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
     kv = scales(amax)
-    quantize(source, RECIPE, tmp_path / "q", kv)
+    quantize(source, NVFP4_RECIPE, tmp_path / "q", kv)
     after = read_tensors(tmp_path / "q")
     assert after["model.layers.1.self_attn.k_scale"].item() == pytest.approx(amax["model.layers.1.self_attn"][0] / FP8_MAX)
     assert after["model.layers.0.self_attn.v_scale"].item() > 0
@@ -251,8 +256,10 @@ scheme = "NVFP4A16"
 
 
 @pytest.mark.parametrize("arch, recipe, shard", [
-    ("qwen3_moe", RECIPE, "300KB"),  # routed experts' gate/up groups across shard boundaries
-    ("qwen3_next", RECIPE, "200KB"),  # linear attention, shared experts, the MTP layer
+    ("qwen3_moe", NVFP4_RECIPE, "300KB"),  # routed experts' gate/up groups across shard boundaries
+    ("qwen3_next", NVFP4_RECIPE, "200KB"),  # linear attention, shared experts, the MTP layer
+    ("qwen3_next", RECIPE, "300KB"),  # the study's W4A16: INT4 g128 experts, INT8 per-channel linear attention
+    ("qwen3_moe", RECIPE, "300KB"),
     ("qwen3", "build/recipes/dense-27b-4xL4.toml", "400KB"),  # dense MLPs in NVFP4 and FP8 by layer range
     ("qwen3_moe", "static", "150KB"),  # W4A4 and static FP8: input scales, unrouted experts, KV-cache scales
 ])
@@ -262,9 +269,10 @@ def test_files_equal_compressed_tensors_own_converter_byte_for_byte(tmp_path, ar
     tokenizer files), and the same report but for the relative errors' last digits (float32 against bfloat16)."""
     import random
 
-    source = make_checkpoint(tmp_path / "model", arch, seed=0, max_shard_size=shard)
+    source = make_checkpoint(tmp_path / "model", arch, seed=0, max_shard_size=shard,
+                             widths=GROUPS_OF_128 if recipe == RECIPE else None)
     shard_of = json.loads((source / "model.safetensors.index.json").read_text())["weight_map"]
-    if arch == "qwen3_moe" and recipe == RECIPE:  # a fused group whose members lie in two shards travels
+    if arch == "qwen3_moe" and recipe != "static":  # a fused group whose members lie in two shards travels
         assert any(shard_of[n] != shard_of[n.replace("gate_proj", "up_proj")] for n in shard_of if "gate_proj" in n)
     kv = amax = None
     if recipe == "static":
@@ -294,14 +302,103 @@ def test_a_quantised_source_or_a_nan_weight_is_refused(tmp_path):
     from safetensors.torch import load_file, save_file
 
     source = make_checkpoint(tmp_path / "model", "qwen3_moe", seed=0)
-    quantize(source, RECIPE, tmp_path / "q", report=False)
+    quantize(source, NVFP4_RECIPE, tmp_path / "q", report=False)
     with pytest.raises(ValueError, match=r"q/config.json: quantization_config is set"):
-        quantize(tmp_path / "q", RECIPE, tmp_path / "qq")
+        quantize(tmp_path / "q", NVFP4_RECIPE, tmp_path / "qq")
     shard = next(source.glob("*.safetensors"))
     tensors = load_file(shard)
     name = "model.layers.1.mlp.experts.2.down_proj.weight"
     tensors[name][3, 5] = float("nan")
     save_file(tensors, shard)
     with pytest.raises(ValueError, match=r"hold NaN or infinite values, e.g. \['model.layers.1.mlp.experts.2.down_proj"):
-        quantize(source, RECIPE, tmp_path / "nan")
+        quantize(source, NVFP4_RECIPE, tmp_path / "nan")
     assert not (tmp_path / "nan").exists()
+
+
+def reference_int(w: torch.Tensor, bits: int, group: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric INT weights from their definition, independent of the library: a scale per group of `group` inputs
+    (per row when None) of amax / ((2^bits - 1) / 2), rounded to bfloat16; values round-half-even(w / scale) clamped to
+    [-2^(bits-1), 2^(bits-1) - 1], stored with 2^(bits-1) added, 32 / bits of them a little-endian int32 word, element
+    i of a row in bits [bits * (i mod 32/bits), ...) of word i div (32/bits) (vLLM's uint4b8 / uint8b128). An all-zero
+    group stores float32's eps as its scale (the library's guard against dividing by zero, made before the scale is
+    rounded to bfloat16) and zeros."""
+    w = w.float()
+    parts = w.reshape(w.shape[0], -1, group or w.shape[1])
+    scale = (parts.abs().amax(-1) / ((2 ** bits - 1) / 2)).to(torch.bfloat16)
+    scale[scale == 0] = torch.finfo(torch.float32).eps
+    q = torch.round(parts / scale.float()[..., None]).clamp(-2 ** (bits - 1), 2 ** (bits - 1) - 1).reshape(w.shape)
+    unsigned = (q.to(torch.int64) + 2 ** (bits - 1)).reshape(w.shape[0], -1, 32 // bits)
+    words = (unsigned << (torch.arange(32 // bits) * bits)).sum(-1)
+    return (words - (words >= 2 ** 31) * 2 ** 32).to(torch.int32), scale
+
+
+@pytest.mark.parametrize("scheme, bits, group", [("W4A16", 4, 128), ("W8A16_CHANNEL", 8, None)])
+def test_int_weights_match_the_format_definition_byte_for_byte(scheme, bits, group):
+    from build.quantize import int_weights
+
+    torch.manual_seed(2)
+    w = torch.randn(48, 256) * torch.logspace(-3, 0, 48)[:, None]
+    w[0, :128] = 0.0  # a zero group: the library's eps scale, every value 0
+    w[1, 5] = w[1, :128].abs().max() * 1.0001  # ties and the clamp at the range's edge
+    out = int_weights({"m.up_proj": w.to(torch.bfloat16)}, scheme)
+    packed, scale = reference_int(w.to(torch.bfloat16), bits, group)
+    assert out["m.up_proj.weight_packed"].dtype == torch.int32 and out["m.up_proj.weight_scale"].dtype == torch.bfloat16
+    assert torch.equal(out["m.up_proj.weight_packed"], packed)
+    assert torch.equal(out["m.up_proj.weight_scale"], scale)
+    assert out["m.up_proj.weight_shape"].tolist() == [48, 256]
+    restored = dequantize(out, "m.up_proj", scheme).float()
+    assert 0 < (restored - w).norm() / w.norm() < (0.15 if bits == 4 else 0.01)
+
+
+def test_the_study_recipe_writes_w4a16_experts_int8_linear_attention_and_keeps_the_rest(tmp_path, read_tensors):
+    """moe-4xL4 on a tiny Qwen3-Next (with its MTP layer): INT4 g128 routed experts, INT8 per-channel Gated DeltaNet
+    projections, everything else (full attention, shared experts, routers, norms, output head) untouched BF16; one
+    pack-quantized format, the groups vLLM 0.33 reads (tests/w4a16_quantization_config.json, parsed by vLLM itself in
+    tests/test_w4a16_vllm.py); a lm_head rule beside MTP weights is refused (vLLM builds the heads unquantised)."""
+    from test_prune import add_mtp_shard  # tests/ is on the path
+
+    source = make_checkpoint(tmp_path / "model", "qwen3_next", seed=0, max_shard_size="300KB", widths=GROUPS_OF_128)
+    add_mtp_shard(source)
+    quantize(source, RECIPE, tmp_path / "q", report=False)
+    before, after = read_tensors(source), read_tensors(tmp_path / "q")
+    for prefix in ("model.layers.1.mlp.experts.3.down_proj", "mtp.layers.0.mlp.experts.2.gate_proj"):
+        assert after[f"{prefix}.weight_packed"].dtype == torch.int32 and f"{prefix}.weight" not in after
+        rows, cols = before[f"{prefix}.weight"].shape
+        assert after[f"{prefix}.weight_scale"].shape == (rows, cols // 128)
+    attn = "model.layers.0.linear_attn.in_proj_qkvz"
+    assert after[f"{attn}.weight_scale"].shape == (before[f"{attn}.weight"].shape[0], 1)
+    assert after[f"{attn}.weight_packed"].shape[1] == before[f"{attn}.weight"].shape[1] // 4
+    plain = [n for n in before if n in after]
+    assert all(torch.equal(after[n], before[n]) for n in plain)
+    assert {"lm_head.weight", "model.layers.1.self_attn.q_proj.weight", "model.layers.0.mlp.gate.weight",
+            "model.layers.0.mlp.shared_expert.up_proj.weight", "model.layers.0.mlp.shared_expert_gate.weight",
+            "mtp.layers.0.mlp.gate.weight"} <= set(plain)
+    config = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]
+    assert config["format"] == "pack-quantized"
+    by_bits = {g["weights"]["num_bits"]: g for g in config["config_groups"].values()}
+    assert (by_bits[4]["weights"]["strategy"], by_bits[4]["weights"]["group_size"], by_bits[4]["weights"]["symmetric"]
+            ) == ("group", 128, True)
+    assert (by_bits[8]["weights"]["strategy"], by_bits[8]["weights"]["symmetric"]) == ("channel", True)
+    assert all(".experts." in t for t in by_bits[4]["targets"])
+    assert all(".linear_attn." in t for t in by_bits[8]["targets"])
+    assert all(g.get("input_activations") is None for g in config["config_groups"].values())
+    shape = {k: v for k, v in config.items() if k not in ("config_groups", "version")}
+    shape["config_groups"] = {k: dict(g, targets=sorted({t.split(".")[-1] for t in g["targets"]}))
+                              for k, g in config["config_groups"].items()}
+    assert shape == json.loads(VLLM_CONFIG.read_text()), f"update {VLLM_CONFIG.name} and rerun test_w4a16_vllm.py"
+    (tmp_path / "head.toml").write_text(RECIPE_TEXT_WITH_HEAD)
+    with pytest.raises(ValueError, match="quantises lm_head, but .* has MTP weights"):
+        quantize(source, tmp_path / "head.toml", tmp_path / "qh")
+
+
+RECIPE_TEXT_WITH_HEAD = """[[rules]]
+pattern = '^lm_head$'
+scheme = "W8A16_CHANNEL"
+"""
+
+
+def test_w4a16_refuses_inputs_that_do_not_fill_groups_of_128(tmp_path):
+    source = make_checkpoint(tmp_path / "model", "qwen3_moe", seed=0)  # moe_intermediate_size 64: down_proj's inputs
+    with pytest.raises(ValueError, match=r"W4A16 needs input widths that are multiples of 128.*down_proj of width 64"):
+        quantize(source, RECIPE, tmp_path / "q")
+    assert not (tmp_path / "q").exists() and not (tmp_path / "q.partial").exists()
