@@ -39,7 +39,6 @@ ROOT = Path(__file__).resolve().parents[1]
 TABLES = ROOT / "docs" / "conformance"
 DOC = ROOT / "docs" / "conformance.md"
 STUDY = ROOT.parent / "shared" / "design" / "STUDY.md"  # the study's passages, beside the checkout (../shared)
-RESERVED = ("recipe", "feature")
 ROW_KEYS = {"study", "unstated", "kit", "seed", "spec", "departure", "note", "module", "nearest"}
 
 
@@ -63,7 +62,6 @@ class Row:
 
 @dataclass(frozen=True)
 class Table:
-    name: str
     path: Path
     title: str
     about: str
@@ -79,7 +77,8 @@ def _row(setting: str, raw: Any, where: str) -> Row:
         raise TableError(f"{where}: {setting}: expected an inline table {{ study = ..., seed = [...] }}, got {raw!r}")
     unknown = sorted(set(raw) - ROW_KEYS)
     if unknown:
-        raise TableError(f"{where}: {setting}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(ROW_KEYS))})")
+        raise TableError(f"{where}: {setting}: unknown key(s) {', '.join(unknown)} "
+                         f"(known: {', '.join(sorted(ROW_KEYS))})")
     row = Row(setting, **{k: tuple(v) if k == "seed" else v for k, v in raw.items()})
     kind = setting.split(".")[0]
     if kind == "feature":
@@ -112,7 +111,7 @@ def load_table(path: str | Path) -> Table:
             continue
         into = recipe if section == "recipe" else features if section == "feature" else rows
         into += [_row(f"{section}.{key}", value, str(path)) for key, value in table.items()]
-    return Table(path.stem, path, raw.get("title", path.stem), raw.get("about", ""), raw.get("profile", ""),
+    return Table(path, raw.get("title", path.stem), raw.get("about", ""), raw.get("profile", ""),
                  raw.get("config", ""), tuple(rows), tuple(recipe), tuple(features))
 
 
@@ -172,17 +171,15 @@ def problems(table: Table, values: dict[str, Any], recipe: Recipe | None) -> lis
         out += _verdict(where, row, values[row.setting])
     out += [f"{where}: {s}: a setting without a row (the run has {_toml_value(v)})" for s, v in values.items()
             if s not in rows]
+    out += [f"{where}: {row.setting}: kit names {row.kit!r}, no setting of the run" for row in table.features
+            if row.kit is not None and row.kit not in values]
     if recipe is None:
-        out += [f"{where}: {row.setting}: the run has no recipe" for row in table.recipe]
-        return out
+        return out + [f"{where}: {row.setting}: the run has no recipe" for row in table.recipe]
     for row in table.recipe:
         out += _verdict(where, row, recipe.scheme_for(row.module))
     covered = {_deciding_rule(recipe, row.module) for row in table.recipe}
-    out += [f"{where}: recipe: rules[{i}] ({rule.pattern} -> {rule.scheme}) matches no row's module"
-            for i, rule in enumerate(recipe.rules) if i not in covered]
-    out += [f"{where}: {row.setting}: kit names {row.kit!r}, no setting of the run" for row in table.features
-            if row.kit is not None and row.kit not in values]
-    return out
+    return out + [f"{where}: recipe: rules[{i}] ({rule.pattern} -> {rule.scheme}) matches no row's module"
+                  for i, rule in enumerate(recipe.rules) if i not in covered]
 
 
 def _verdict(where: str, row: Row, value: Any) -> list[str]:

@@ -124,6 +124,9 @@ def test_a_removed_or_added_row_fails(tmp_path):
     assert check(removed) == ["moe-4xL4.toml: engine.max_num_seqs: a setting without a row (the run has 64)"]
     added = edited(tmp_path, "moe-4xL4", "[sandbox]\n", '[sandbox]\nnice = { study = 5, seed = [2498] }\n')
     assert check(added) == ["moe-4xL4.toml: sandbox.nice: names no setting of the run"]
+    feature = edited(tmp_path, "moe-4xL4", 'kit = "engine.draft_sample_method"', 'kit = "engine.draft_method"')
+    assert check(feature) == ["moe-4xL4.toml: feature.draft_option: kit names 'engine.draft_method', no setting of "
+                              "the run"]
 
 
 def test_a_changed_recipe_fails(tmp_path):
