@@ -272,7 +272,8 @@ def render_table(table: Table, values: dict[str, Any] | None, recipe: Recipe | N
         value = (values or {}).get(row.setting)
         shown = _cell(value) if values is not None and row.setting in values else ""
         study = _cell(row.study) if row.study is not None else "not stated"
-        lines.append(f"| {row.setting} | {study} | {_source(row)} | {shown} | {_verdict_word(row, value)} | "
+        verdict = _verdict_word(row, value) if values is not None else ""
+        lines.append(f"| {row.setting} | {study} | {_source(row)} | {shown} | {verdict} | "
                      f"{_why(row)} |")
     if table.recipe:
         lines += ["", f"Weights: the recipe's scheme per module group (the recipe is `build.recipe`).", "",

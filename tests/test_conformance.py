@@ -7,6 +7,7 @@ a study value, a recipe and the rows one at a time and show that each change fai
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from pathlib import Path
 
@@ -84,6 +85,19 @@ def test_every_cited_line_is_in_study_md():
 
 def test_docs_conformance_md_is_generated_from_the_tables():
     assert DOC.read_text() == render(), "docs/conformance.md is stale: run python -m conformance (make conformance)"
+
+
+def test_the_procedures_name_tests_that_exist():
+    """Procedures are tested by behaviour: each test named as `tests/FILE.py::NAME` (or `::NAME`, the file before it)
+    in docs/conformance/procedures.md exists."""
+    text = (TABLES / "procedures.md").read_text()
+    named = []
+    for cell in re.findall(r"\| ([^|]*::[^|]*) \|$", text, re.MULTILINE):
+        file = ""
+        for path, name in re.findall(r"`(tests/\w+\.py)?::(\w+)`", cell):
+            file = path or file
+            named.append((file, name))
+    assert named and [(f, n) for f, n in named if f"def {n}(" not in (ROOT / f).read_text()] == []
 
 
 def test_a_changed_profile_value_fails(tmp_path):
