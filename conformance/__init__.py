@@ -12,7 +12,7 @@ Each `[section]` lists every setting of that section as `key = { ... }`, one of:
 (`spec = "N"` cites a SPEC section where STUDY.md's excerpts are silent; `note` adds a remark.) Two reserved tables:
 `[recipe]`, one row per module group of the profile's build.recipe (`module` names one of its modules; the value is
 the scheme the recipe gives it), and `[feature]`, the study engine's features beyond a setting of the kit (`nearest`
-names stock vLLM 0.33's closest setting; `kit` the kit's setting that carries it, if any).
+names stock vLLM 0.33's closest setting; `kit_setting` the kit's setting that carries it, if any).
 
 The check (`problems`) compares each row with the value the scored run sees: a study value that differs without a
 departure, a departure on a row that matches (stale), an unstated row whose recorded value is not the run's, a row
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TABLES = ROOT / "docs" / "conformance"
 DOC = ROOT / "docs" / "conformance.md"
 STUDY = ROOT.parent / "shared" / "design" / "STUDY.md"  # the study's passages, beside the checkout (../shared)
-ROW_KEYS = {"study", "unstated", "kit", "seed", "spec", "departure", "note", "module", "nearest"}
+ROW_KEYS = {"study", "unstated", "kit", "seed", "spec", "departure", "note", "module", "nearest", "kit_setting"}
 
 
 class TableError(ValueError):
@@ -51,13 +51,14 @@ class Row:
     setting: str  # "section.key"; recipe rows: "recipe.<group>"; feature rows: "feature.<name>"
     study: Any = None  # None: the study states no value (then `unstated` says why the kit's)
     unstated: str = ""
-    kit: Any = None  # unstated rows: the kit's value; feature rows: the kit's setting that carries it
+    kit: Any = None  # unstated rows: the kit's value
     seed: tuple[int, ...] = ()
     spec: str = ""
     departure: str = ""
     note: str = ""
     module: str = ""  # recipe rows
-    nearest: str = ""  # feature rows
+    nearest: str = ""  # feature rows: stock vLLM's (or the library's) closest setting
+    kit_setting: str = ""  # feature rows: the kit's setting that carries the feature, if any
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,10 @@ def _row(setting: str, raw: Any, where: str) -> Row:
         raise TableError(f"{where}: {setting}: an unstated row records the kit's value as kit, and no departure")
     elif row.study is not None and not (row.seed or row.spec):
         raise TableError(f"{where}: {setting}: a study value needs its source: seed = [STUDY.md lines] or spec")
-    if kind == "recipe" and not row.module:
-        raise TableError(f"{where}: {setting}: a recipe row names one module of its group (module)")
+    if (kind == "recipe") != bool(row.module):
+        raise TableError(f"{where}: {setting}: a [recipe] row, and only one, names a module of its group (module)")
+    if kind != "feature" and (row.nearest or row.kit_setting) or row.study is not None and row.kit is not None:
+        raise TableError(f"{where}: {setting}: nearest and kit_setting belong to [feature] rows, kit to unstated rows")
     if not all(isinstance(n, int) for n in row.seed):
         raise TableError(f"{where}: {setting}: seed lists STUDY.md line numbers, got {list(row.seed)}")
     return row
@@ -171,8 +174,8 @@ def problems(table: Table, values: dict[str, Any], recipe: Recipe | None) -> lis
         out += _verdict(where, row, values[row.setting])
     out += [f"{where}: {s}: a setting without a row (the run has {_toml_value(v)})" for s, v in values.items()
             if s not in rows]
-    out += [f"{where}: {row.setting}: kit names {row.kit!r}, no setting of the run" for row in table.features
-            if row.kit is not None and row.kit not in values]
+    out += [f"{where}: {row.setting}: kit_setting {row.kit_setting!r} is no setting of the run"
+            for row in table.features if row.kit_setting and row.kit_setting not in values]
     if recipe is None:
         return out + [f"{where}: {row.setting}: the run has no recipe" for row in table.recipe]
     for row in table.recipe:
@@ -288,7 +291,7 @@ def render_table(table: Table, values: dict[str, Any] | None, recipe: Recipe | N
                   "| feature | the study | STUDY.md | nearest stock setting | the kit's setting | why |",
                   "|---|---|---|---|---|---|"]
         lines += [f"| {row.setting.split('.', 1)[1]} | {row.study} | {_source(row)} | {row.nearest} | "
-                  f"{row.kit or 'none'} | {_why(row) or 'the kit has it'} |" for row in table.features]
+                  f"{row.kit_setting or 'none'} | {_why(row) or 'the kit has it'} |" for row in table.features]
     if values is not None and not table.config:
         scaled = rehearsal_changes(table, REHEARSAL_S)
         lines += ["", f"The rehearsal (`--scale-schedule`, e.g. {REHEARSAL_S:g} s) scales "

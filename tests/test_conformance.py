@@ -138,9 +138,10 @@ def test_a_removed_or_added_row_fails(tmp_path):
     assert check(removed) == ["moe-4xL4.toml: engine.max_num_seqs: a setting without a row (the run has 64)"]
     added = edited(tmp_path, "moe-4xL4", "[sandbox]\n", '[sandbox]\nnice = { study = 5, seed = [2498] }\n')
     assert check(added) == ["moe-4xL4.toml: sandbox.nice: names no setting of the run"]
-    feature = edited(tmp_path, "moe-4xL4", 'kit = "engine.draft_sample_method"', 'kit = "engine.draft_method"')
-    assert check(feature) == ["moe-4xL4.toml: feature.draft_option: kit names 'engine.draft_method', no setting of "
-                              "the run"]
+    feature = edited(tmp_path, "moe-4xL4", 'kit_setting = "engine.draft_sample_method"',
+                     'kit_setting = "engine.draft_method"')
+    assert check(feature) == ["moe-4xL4.toml: feature.draft_option: kit_setting 'engine.draft_method' is no setting "
+                              "of the run"]
 
 
 def test_a_changed_recipe_fails(tmp_path):
@@ -202,6 +203,8 @@ def tomllib_value(value) -> str:
     ('kind = { study = "vllm", seed = [1], unstated = "x", kit = "vllm" }', "engine.kind: give exactly one of"),
     ('kind = { study = "vllm", seed = [1], colour = 1 }', "engine.kind: unknown key(s) colour"),
     ('kind = "vllm"', "engine.kind: expected an inline table"),
+    ('kind = { study = "vllm", seed = [1], kit = "vllm" }', "engine.kind: nearest and kit_setting belong to"),
+    ('kind = { study = "vllm", seed = [1], module = "lm_head" }', "engine.kind: a [recipe] row, and only one,"),
 ])
 def test_a_malformed_row_is_refused_naming_the_file_and_the_setting(tmp_path, row, message):
     path = tmp_path / "bad.toml"
