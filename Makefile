@@ -23,7 +23,7 @@ UPY       := $(UNSLOTH_VENV)/bin/python
 export ARC_DATA
 
 .PHONY: env engine-env build-env unsloth-env vllm-gpu-wheel grid-dry-run both-dry-run prune-demo wheels bundle kaggle-rehearsal train-rft train-grid \
-	test test-core dry-run simulate demo corpus-demo bench clean
+	test test-core conformance dry-run simulate demo corpus-demo bench clean
 
 env: $(VENV)/.installed
 
@@ -72,6 +72,11 @@ test: engine-env build-env unsloth-env vllm-gpu-wheel
 # runs them (commit run, then the rerun), and the failure matrix. FULL=1 gives every row its own fresh install.
 kaggle-rehearsal: build-env
 	ARC_KIT_REHEARSAL_FULL=$(if $(FULL),1,0) $(BPY) -m pytest -q tests/test_kaggle_rehearsal.py
+
+# docs/conformance.md from the tables in docs/conformance/*.toml (tests/test_conformance.py fails while it is stale);
+# `$(PY) -m conformance --check` lists every disagreement between a table and its run instead.
+conformance: env
+	$(PY) -m conformance
 
 # The suite without the engine environment (engine tests skip): CI runs it on the second Python version.
 test-core: env

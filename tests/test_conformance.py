@@ -1,58 +1,21 @@
-"""The conformance table (docs/conformance.md) against the shipped profiles: a profile value that changes without its
-row changing, a key a profile sets without a row, or a departure without a reason fails here."""
+"""The conformance tables (docs/conformance/*.toml) against the runs they describe: every setting of a shipped
+profile (and of RFT v1's training/rft.toml) has a row with the study's value and the STUDY.md lines that state it;
+the run's value, defaults included, must equal the study's unless the row gives a departure, and a departure on a
+row that matches is stale. docs/conformance.md is generated from the tables. The tests below change a profile value,
+a study value, a recipe and the rows one at a time and show that each change fails."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from submission.config import PROFILES, load_profile
-from submission.grid import is_grid_profile
-from submission.grid.config import load_grid_profile
-
-TABLE = Path(__file__).resolve().parents[1] / "docs" / "conformance.md"
-MATCHES = ("yes", "no", "unknown")
-
-
-def tables(text: str) -> dict[str, list[list[str]]]:
-    """Rows (setting, study, kit, match, why) under each `## NAME` heading."""
-    out: dict[str, list[list[str]]] = {}
-    name = ""
-    for line in text.splitlines():
-        if line.startswith("## "):
-            name = line[3:].strip()
-        elif line.startswith("| ") and not line.startswith(("| setting ", "| procedure ")) and name:
-            out.setdefault(name, []).append([cell.strip() for cell in line.strip().strip("|").split("|")])
-    return out
-
-
-def mismatches(rows: list[list[str]], profile_path: Path) -> list[str]:
-    """What is wrong between one profile and its table rows; [] when they agree. Each line's profile is read by its
-    own loader (a grid-line profile's defaults are the grid line's)."""
-    profile = load_grid_profile(profile_path) if is_grid_profile(profile_path) else load_profile(profile_path)
-    raw = tomllib.loads(profile_path.read_text())
-    problems = []
-    documented = set()
-    for setting, _study, kit, match, why in rows:
-        documented.add(setting)
-        section, key = setting.split(".")
-        actual = getattr(getattr(profile, section), key)
-        actual = list(actual) if isinstance(actual, tuple) else actual
-        expected = tomllib.loads(f"v = {kit}")["v"]
-        if expected != actual or type(expected) is bool and type(actual) is not bool:
-            problems.append(f"{setting}: the table says {kit}, the profile has {actual!r}")
-        if match not in MATCHES:
-            problems.append(f"{setting}: match must be one of {MATCHES}, not {match!r}")
-        elif match != "yes" and not why:
-            problems.append(f"{setting}: departs from the study ({match}) without a reason")
-    for section, table in raw.items():
-        if isinstance(table, dict):
-            problems += [f"{section}.{key}: set by the profile, missing from the table" for key in table
-                         if f"{section}.{key}" not in documented]
-    return problems
+from conformance import (DOC, ROOT, STUDY, TABLES, TableError, effective, load_table, missing_lines, problems,
+                         rehearsal_changes, render, tables)
+from submission.config import PROFILES
 
 
 def combined(path: Path) -> bool:
@@ -67,56 +30,199 @@ def shipped() -> list[Path]:
                   if not p.stem.startswith("cpu-") and not p.stem.endswith("-tiny") and not combined(p))
 
 
+def check(table) -> list[str]:
+    return problems(table, *effective(table))
+
+
+def edited(tmp_path: Path, name: str, old: str, new: str, **fields):
+    """The table NAME with `old` replaced by `new` in its text (once, and it must be there), and `fields` set."""
+    text = (TABLES / f"{name}.toml").read_text()
+    assert text.count(old) == 1, old
+    path = tmp_path / "tables" / f"{name}.toml"  # beside a profile copy of the same name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text.replace(old, new))
+    return dataclasses.replace(load_table(path), **fields)
+
+
+def profile_copy(tmp_path: Path, name: str, old: str = "", new: str = "") -> str:
+    text = (PROFILES / f"{name}.toml").read_text()
+    assert not old or text.count(old) == 1, old
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text.replace(old, new) if old else text)
+    return str(path)
+
+
+@pytest.mark.parametrize("name", [p.stem for p in sorted(TABLES.glob("*.toml"))])
+def test_every_table_agrees_with_its_run(name):
+    """rft-v1 reads training/rft.toml: without that file this fails, naming it."""
+    table = load_table(TABLES / f"{name}.toml")
+    assert check(table) == []
+
+
+def test_every_shipped_profile_and_rft_v1_have_a_table():
+    described = {t.profile for t in tables()} | {t.config for t in tables()}
+    assert {p.stem for p in shipped()} | {"training/rft.toml"} <= described
+
+
 @pytest.mark.parametrize("path", [p for p in PROFILES.glob("*.toml") if combined(p) and not p.stem.endswith("-tiny")],
                          ids=lambda p: p.stem)
 def test_a_combined_profile_runs_two_profiles_with_tables(path):
     raw = tomllib.loads(path.read_text())
-    known = tables(TABLE.read_text())
+    described = {t.profile for t in tables()}
     for line in ("reasoning", "grid"):
         name = raw[line]["profile"]
         assert PROFILES / f"{name}.toml" in shipped(), f"{path}: {line}.profile {name} is not a shipped profile"
-        assert name in known, f"{TABLE}: no table for {name}, which {path.stem} runs"
+        assert name in described, f"{TABLES}: no table for {name}, which {path.stem} runs"
 
 
-@pytest.mark.parametrize("path", shipped(), ids=lambda p: p.stem)
-def test_every_shipped_profile_matches_its_table(path):
-    rows = tables(TABLE.read_text()).get(path.stem)
-    assert rows, f"{TABLE}: no table for the profile {path.stem}"
-    assert mismatches(rows, path) == []
+@pytest.mark.skipif(not STUDY.exists(), reason="../shared/design/STUDY.md is not beside this checkout")
+def test_every_cited_line_is_in_study_md():
+    assert [m for t in tables() for m in missing_lines(t, STUDY.read_text())] == []
+    table = dataclasses.replace(load_table(TABLES / "moe-4xL4.toml"))
+    bogus = dataclasses.replace(table, rows=(dataclasses.replace(table.rows[0], seed=(4470,)),))
+    assert missing_lines(bogus, STUDY.read_text()) == ["moe-4xL4.toml: engine.kind: seed line 4470 is not in STUDY.md"]
 
 
-def test_a_changed_profile_value_or_an_undocumented_key_fails(tmp_path):
-    path = PROFILES / "moe-4xL4.toml"
-    rows = tables(TABLE.read_text())["moe-4xL4"]
-    changed = tmp_path / "moe-4xL4.toml"
-    changed.write_text(path.read_text().replace("mtp_speculative_tokens = 4", "mtp_speculative_tokens = 2")
-                       .replace("max_in_flight = 56", "max_in_flight = 56\ncap_margin_tokens = 2000"))
-    assert mismatches(rows, changed) == [
-        "engine.mtp_speculative_tokens: the table says 4, the profile has 2",
-        "schedule.cap_margin_tokens: the table says 3000, the profile has 2000"]
-    unlisted = tmp_path / "unlisted.toml"
-    unlisted.write_text(path.read_text() + "\n[sandbox]\ncpu_s = 5\n")
-    assert mismatches(rows, unlisted) == ["sandbox.cpu_s: set by the profile, missing from the table"]
-    silent = [row[:4] + [""] if row[0] == "engine.answer_max_tokens" else row for row in rows]
-    assert mismatches(silent, path) == ["engine.answer_max_tokens: departs from the study (no) without a reason"]
+def test_docs_conformance_md_is_generated_from_the_tables():
+    assert DOC.read_text() == render(), "docs/conformance.md is stale: run python -m conformance (make conformance)"
 
 
-def test_the_tables_name_real_settings():
-    for name, rows in tables(TABLE.read_text()).items():
-        if name == "Procedures":
-            continue
-        profile = load_grid_profile(name) if is_grid_profile(name) else load_profile(name)
-        for row in rows:
-            assert len(row) == 5, f"{TABLE}: {name}: a row needs 5 cells: {row}"
-            section, key = row[0].split(".")
-            assert key in {f.name for f in dataclasses.fields(getattr(profile, section))}, row[0]
+def test_the_procedures_name_tests_that_exist():
+    """Procedures are tested by behaviour: each test named as `tests/FILE.py::NAME` (or `::NAME`, the file before it)
+    in docs/conformance/procedures.md exists."""
+    text = (TABLES / "procedures.md").read_text()
+    named = []
+    for cell in re.findall(r"\| ([^|]*::[^|]*) \|$", text, re.MULTILINE):
+        file = ""
+        for path, name in re.findall(r"`(tests/\w+\.py)?::(\w+)`", cell):
+            file = path or file
+            named.append((file, name))
+    assert named and [(f, n) for f, n in named if f"def {n}(" not in (ROOT / f).read_text()] == []
 
 
-def test_a_changed_grid_profile_value_fails(tmp_path):
-    path = PROFILES / "grid-4b-4xL4.toml"
-    rows = tables(TABLE.read_text())["grid-4b-4xL4"]
-    changed = tmp_path / "grid-4b-4xL4.toml"
-    changed.write_text(path.read_text().replace("cutoff = 0.2", "cutoff = 0.3").replace("max_failures = 3", ""))
-    assert mismatches(rows, changed) == ["search.cutoff: the table says 0.2, the profile has 0.3"]  # a default: 3
-    changed.write_text(path.read_text() + "threads = 2\n")  # [run] is the last section
-    assert mismatches(rows, changed) == ["run.threads: set by the profile, missing from the table"]
+def test_a_changed_profile_value_fails(tmp_path):
+    table = load_table(TABLES / "moe-4xL4.toml")
+    changed = dataclasses.replace(table, profile=profile_copy(
+        tmp_path, "moe-4xL4", "mtp_speculative_tokens = 4", "mtp_speculative_tokens = 2"))
+    assert check(changed) == [
+        "moe-4xL4.toml: engine.mtp_speculative_tokens: the study has 4, the run 2, and the row gives no departure"]
+    unstated = dataclasses.replace(table, profile=profile_copy(
+        tmp_path, "moe-4xL4", "answer_max_tokens = 4000", "answer_max_tokens = 5000"))
+    assert check(unstated) == ["moe-4xL4.toml: engine.answer_max_tokens: the table records the kit's 4000, the run has "
+                               "5000"]
+
+
+def test_a_setting_that_falls_back_to_its_default_fails(tmp_path):
+    """Deleting a line from a profile is a change too: the default (24K then 16K repair caps) is not the study's."""
+    table = load_table(TABLES / "moe-4xL4.toml")
+    dropped = dataclasses.replace(table, profile=profile_copy(tmp_path, "moe-4xL4", "repair_caps = [16000]", ""))
+    assert check(dropped) == ["moe-4xL4.toml: schedule.repair_caps: the study has [16000], the run [24000, 16000], "
+                              "and the row gives no departure"]
+
+
+def test_a_changed_study_value_fails(tmp_path):
+    table = edited(tmp_path, "moe-4xL4", "max_num_seqs = { study = 64,", "max_num_seqs = { study = 48,")
+    assert check(table) == [
+        "moe-4xL4.toml: engine.max_num_seqs: the study has 48, the run 64, and the row gives no departure"]
+
+
+def test_a_departure_on_a_matching_row_is_stale(tmp_path):
+    table = edited(tmp_path, "moe-4xL4", "max_num_seqs = { study = 64,",
+                   'max_num_seqs = { departure = "no longer true", study = 64,')
+    assert check(table) == ["moe-4xL4.toml: engine.max_num_seqs: matches the study (64) but keeps a departure: "
+                            "remove it"]
+
+
+def test_a_removed_or_added_row_fails(tmp_path):
+    removed = edited(tmp_path, "moe-4xL4", "max_num_seqs = { study = 64, seed = [4481, 4482] }\n", "")
+    assert check(removed) == ["moe-4xL4.toml: engine.max_num_seqs: a setting without a row (the run has 64)"]
+    added = edited(tmp_path, "moe-4xL4", "[sandbox]\n", '[sandbox]\nnice = { study = 5, seed = [2498] }\n')
+    assert check(added) == ["moe-4xL4.toml: sandbox.nice: names no setting of the run"]
+    feature = edited(tmp_path, "moe-4xL4", 'kit_setting = "engine.draft_sample_method"',
+                     'kit_setting = "engine.draft_method"')
+    assert check(feature) == ["moe-4xL4.toml: feature.draft_option: kit_setting 'engine.draft_method' is no setting "
+                              "of the run"]
+
+
+def test_a_changed_recipe_fails(tmp_path):
+    """The weights are rows too: a module group given another scheme, or a rule no row exercises, fails."""
+    recipe = (ROOT / "build/recipes/dense-27b-4xL4.toml").read_text()
+    changed = tmp_path / "recipe.toml"
+    changed.write_text(recipe.replace("layers = [0, 55]\nscheme = \"NVFP4A16\"", "layers = [0, 55]\nscheme = \"BF16\"")
+                       + "\n[[rules]]\npattern = '\\.mlp\\.shared_expert\\.up_proj$'\nscheme = \"FP8_DYNAMIC\"\n")
+    profile = profile_copy(tmp_path, "dense-27b-4xL4", 'recipe = "build/recipes/dense-27b-4xL4.toml"',
+                           f'recipe = "{changed}"')
+    table = edited(tmp_path, "dense-27b-4xL4", 'kit = "build/recipes/dense-27b-4xL4.toml"', f'kit = "{changed}"',
+                   profile=profile)
+    assert check(table) == [
+        "dense-27b-4xL4.toml: recipe.mlp: the study has \"NVFP4A16\", the run \"BF16\", and the row gives no departure",
+        "dense-27b-4xL4.toml: recipe: rules[5] (\\.mlp\\.shared_expert\\.up_proj$ -> FP8_DYNAMIC) matches no row's "
+        "module"]
+
+
+def test_a_grid_profile_value_fails_and_its_defaults_are_rows(tmp_path):
+    table = load_table(TABLES / "grid-4b-4xL4.toml")
+    changed = dataclasses.replace(table, profile=profile_copy(tmp_path, "grid-4b-4xL4", "cutoff = 0.2", "cutoff = 0.3"))
+    assert check(changed) == [
+        "grid-4b-4xL4.toml: search.cutoff: the study has 0.2, the run 0.3, and the row gives no departure"]
+    same_default = dataclasses.replace(table, profile=profile_copy(tmp_path, "grid-4b-4xL4", "max_failures = 3", ""))
+    assert check(same_default) == []  # the default is 3: the run does not change
+    threads = dataclasses.replace(table, profile=profile_copy(tmp_path, "grid-4b-4xL4", "max_failures = 3",
+                                                              "max_failures = 3\nthreads = 2"))
+    assert check(threads) == ["grid-4b-4xL4.toml: run.threads: the table records the kit's 0, the run has 2"]
+
+
+def test_the_rft_table_checks_a_training_config(tmp_path):
+    """RFT v1's table against a training config written from the table itself: only the targets' departure (today's
+    fused names) is then stale; a changed learning rate fails."""
+    table = load_table(TABLES / "rft-v1.toml")
+    lines, corpus = [], []
+    for row in table.rows:
+        section, key = row.setting.split(".")
+        value = row.study if row.study is not None else row.kit
+        (lines if section == "train" else corpus).append(f"{key} = {tomllib_value(value)}")
+    config = tmp_path / "rft.toml"
+    config.write_text("\n".join(lines + ["[corpus]"] + corpus) + "\n")
+    table = dataclasses.replace(table, config=str(config))
+    assert check(table) == ["rft-v1.toml: train.targets: matches the study ([\"q_proj\", \"k_proj\", \"v_proj\", "
+                            "\"o_proj\", \"in_proj_qkv\", \"in_proj_z\", \"in_proj_b\", \"in_proj_a\", \"out_proj\", "
+                            "\"gate_proj\", \"up_proj\", \"down_proj\"]) but keeps a departure: remove it"]
+    config.write_text(config.read_text().replace("lr = 0.0001", "lr = 0.0002"))
+    assert "rft-v1.toml: train.lr: the study has 0.0001, the run 0.0002, and the row gives no departure" in check(table)
+
+
+def tomllib_value(value) -> str:
+    from submission.config import _toml_value
+
+    return _toml_value(value)
+
+
+@pytest.mark.parametrize("row, message", [
+    ('kind = { study = "vllm" }', "engine.kind: a study value needs its source"),
+    ('kind = { unstated = "why" }', "engine.kind: an unstated row records the kit's value as kit"),
+    ('kind = { study = "vllm", seed = [1], unstated = "x", kit = "vllm" }', "engine.kind: give exactly one of"),
+    ('kind = { study = "vllm", seed = [1], colour = 1 }', "engine.kind: unknown key(s) colour"),
+    ('kind = "vllm"', "engine.kind: expected an inline table"),
+    ('kind = { study = "vllm", seed = [1], kit = "vllm" }', "engine.kind: nearest and kit_setting belong to"),
+    ('kind = { study = "vllm", seed = [1], module = "lm_head" }', "engine.kind: a [recipe] row, and only one,"),
+])
+def test_a_malformed_row_is_refused_naming_the_file_and_the_setting(tmp_path, row, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(f'profile = "moe-4xL4"\n[engine]\n{row}\n')
+    with pytest.raises(TableError, match=str(path)) as err:
+        load_table(path)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("name", [p.stem for p in shipped()])
+def test_the_rehearsal_scales_only_the_schedule_and_is_the_run_at_12_hours(name):
+    """--scale-schedule (the commit run's rehearsal) changes time limits, margins and token caps only: the rate, the
+    concurrency, the order of second attempts, the engine, the agent and the grid line's workers stay the scored
+    run's; and scaled to the full 12 hours it is the scored run exactly."""
+    table = next(t for t in tables() if t.profile == name)
+    assert rehearsal_changes(table, 43200.0) == {}
+    changed = rehearsal_changes(table, 1800.0)
+    assert changed and {k.split(".")[0] for k in changed} <= {"schedule", "run"}
+    assert not set(changed) & {"schedule.rate_tok_s", "schedule.max_in_flight", "schedule.second_by_confidence",
+                               "run.devices", "run.max_len", "run.max_failures", "run.answer_room"}
+    assert all(isinstance(a, (int, float, list)) for a, _ in changed.values())
