@@ -157,8 +157,8 @@ def reasoning_run(split: Split, drawn: dict[str, LoggedTask], tasks: dict[str, T
     counts = {i.task_id: i.task_inputs for i in inputs}
     out = Candidates()
     for request, attempt, _, _ in result.finished:
-        out.add(request.task_id, request.test_index, request.attempt, attempt.grid, attempt.train_perfect,
-                attempt.program_outputs[:counts[request.task_id]])
+        out.add(request.task_id, request.test_index, request.attempt, attempt.grid,
+                tuple(p[:counts[request.task_id]] for p in attempt.program_candidates), attempt.weak_outputs)
     return out
 
 

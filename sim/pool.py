@@ -7,6 +7,8 @@ For a request (input, attempt number, level, cap):
    level drawn from the whole pool, else any. Only its lengths and correctness travel: a right grid becomes the
    input's true answer, a wrong one a wrong grid of its own; a train-perfect program's output likewise; no transfer.
    Its prompt is the input's own (prompt 0 here: the run uses the length the scheduler ordered the input by).
+   A tool-agent attempt's further program candidates and weak pool do not travel (the first program stands for
+   them).
 A tool-agent attempt keeps its turns (the logged ones, or its tokens split as the logs' agent attempts were:
 sim.agent) and runs as one request per turn; truncated (rule 3), as one request.
 3. Truncation: when the logged thinking is longer than the simulated cap, the attempt becomes a forced completion of
@@ -20,7 +22,7 @@ import random
 from dataclasses import dataclass
 
 from sim.agent import TurnModel
-from submission.attempts import AttemptRecord
+from submission.attempts import AttemptRecord, program_candidates
 from submission.grids import Grid
 from submission.schedule import Level, Outcome, Request
 
@@ -38,10 +40,16 @@ class SimAttempt:
     source: str  # "own", "pool" (rule 2), plus "+cut" when truncated
     turns: tuple[int, ...] = ()  # a tool-agent attempt: tokens of each turn (sim.agent); () = one request
     tool_turn: int = 0  # tokens of each tool turn between them
+    candidate_outputs: tuple = ()  # a tool-agent attempt's program candidates and weak pool (AttemptRecord's)
+    weak_outputs: tuple = ()
 
     @property
     def tokens(self) -> int:
         return self.thinking + self.answer
+
+    @property
+    def program_candidates(self) -> tuple:
+        return program_candidates(self.train_perfect, self.program_outputs, self.candidate_outputs)
 
     def outcome(self, request: Request) -> Outcome:
         return Outcome(request.task_id, request.test_index, request.attempt, request.level, self.natural,
@@ -73,7 +81,7 @@ class AttemptPool:
             for r in own:
                 attempt = SimAttempt(r.thinking_tokens, r.answer_tokens, r.prompt_tokens, r.natural, r.grid,
                                      r.train_perfect, r.demos_right, r.program_outputs, "own",
-                                     *self.turn_model.split(r))
+                                     *self.turn_model.split(r), r.candidate_outputs, r.weak_outputs)
                 self._by_attempt.setdefault((key, r.attempt), []).append(attempt)
                 self._by_level.setdefault((key, r.level), []).append(attempt)
                 self._own_all.setdefault(key, []).append(attempt)

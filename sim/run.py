@@ -166,7 +166,8 @@ def simulate(config: ScheduleConfig, inputs: list[InputInfo], draw: Callable[[Re
             scheduler.on_finished(now, attempt.outcome(request))
             finished.append((request, attempt, submitted, now))
             candidates.add(request.task_id, request.test_index, request.attempt, attempt.grid,
-                           attempt.train_perfect, attempt.program_outputs[:task_inputs[request.task_id]])
+                           tuple(p[:task_inputs[request.task_id]] for p in attempt.program_candidates),
+                           attempt.weak_outputs)
         answered_curve.append((now, len(candidates.by_input)))
     left = engine.abort_all()
     # A request still waiting in the engine at the end was kept out by the cache until the hard stop.

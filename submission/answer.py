@@ -7,16 +7,18 @@ cue as a literal, so the engine forces it, and lets the body be anything without
 the fence.
 Equal row lengths are not context-free in general but are here: one alternative per width (30 of them).
 
-The tool agent's turns (submission.tool_agent) may instead call `check_transform`: the grammar with `call` admits, in
-place of the grid, CALL_OPEN and the same bounded body, and the model's first answer token decides which (SPEC 5:
-the model chooses when to call). A plain-text call rather than the chat template's tool-call tokens: one grammar
-serves every engine and template, and the call's program is read by the same parser as the answer's.
+The tool agent's turns (submission.tool_agent) call `check_transform`: CALL_OPEN and the same bounded body in place
+of the grid. What a turn may write is its `Reply`: the first turn a call only (Algorithm 7 line 4, seed ~3443), later
+turns a call or the answer (the model's first answer token decides), the final turn and every other request the
+answer only. A plain-text call rather than the chat template's tool-call tokens: one grammar serves every engine and
+template, and the call's program is read by the same parser as the answer's.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import Enum
 
 from submission.grids import MAX_SIDE, Grid, GridError, to_grid
 
@@ -26,6 +28,14 @@ FENCE = "```"
 CALL_OPEN = "check_transform\n```python\ndef transform(grid):"  # a tool agent's call, in place of the answer
 # Chat-format tokens that must never appear inside the answer (the grammar sees them as plain text).
 CHAT_TOKENS = (THINK_START, THINK_END, "<|im_start|>", "<|endoftext|>")
+
+
+class Reply(str, Enum):
+    """What the grammar after `</think>` admits."""
+
+    ANSWER = "answer"  # the grid and the program
+    CALL = "call"  # a `check_transform` call only (the tool agent's first turn)
+    EITHER = "either"  # a call or the answer (the tool agent's later turns)
 
 
 def forced_end(sentence: str) -> str:
@@ -44,14 +54,15 @@ def _ebnf_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def answer_grammar(program_cue: str, program_max_chars: int, call: bool = False) -> str:
-    """The EBNF (xgrammar's dialect) of everything after `</think>`: the answer, or with `call` either the answer or a
-    `check_transform` call (CALL_OPEN, the body). The body's length is bounded in the grammar itself (xgrammar
-    compiles bounded repetition cheaply), so every engine closes the code block at the same point."""
+def answer_grammar(program_cue: str, program_max_chars: int, reply: Reply = Reply.ANSWER) -> str:
+    """The EBNF (xgrammar's dialect) of everything after `</think>`: the answer, a `check_transform` call (CALL_OPEN,
+    the body) or either, as `reply` says. The body's length is bounded in the grammar itself (xgrammar compiles
+    bounded repetition cheaply), so every engine closes the code block at the same point."""
     widths = " | ".join(f"grid{w}" for w in range(1, MAX_SIDE + 1))
     answer = f"({widths}) cue body"
+    root = {Reply.ANSWER: answer, Reply.CALL: "call body", Reply.EITHER: f"({answer} | call body)"}[reply]
     rules = [
-        f"root ::= lead ({answer} | call body)" if call else f"root ::= lead {answer}",
+        f"root ::= lead {root}",
         'lead ::= "\\n"{0,2}',
         f"cue ::= {_ebnf_string(program_cue)}",
         # the body: any text without three backticks in a row, then the closing fence
@@ -62,7 +73,7 @@ def answer_grammar(program_cue: str, program_max_chars: int, call: bool = False)
         row = "d" + ' " " d' * (w - 1) + ' "\\n"'
         rules.append(f"grid{w} ::= row{w}{{1,{MAX_SIDE}}}")
         rules.append(f"row{w} ::= {row}")
-    if call:
+    if reply is not Reply.ANSWER:
         rules.append(f"call ::= {_ebnf_string(CALL_OPEN)}")
     return "\n".join(rules) + "\n"
 

@@ -37,6 +37,11 @@ class AttemptRecord:
     train_perfect: bool = False
     demos_right: int = 0
     program_outputs: tuple[Grid | None, ...] = ()  # the program's output on each test input of the task
+    # Tool agent (Algorithm 7 line 16, seed ~3466-3468): each program candidate's outputs per test input (checked
+    # programs found train-perfect in check order, then the final program), and the weak pool (this input's test
+    # output of each other program that ran with one). Empty for one request, whose candidate is its program.
+    candidate_outputs: tuple[tuple[Grid | None, ...], ...] = ()
+    weak_outputs: tuple[Grid, ...] = ()
     started_s: float = 0.0  # seconds since the run started
     finished_s: float = 0.0
     aborted: bool = False  # stopped by the hard stop or an engine failure
@@ -50,6 +55,10 @@ class AttemptRecord:
     def tokens(self) -> int:
         return self.thinking_tokens + self.answer_tokens
 
+    @property
+    def program_candidates(self) -> tuple[tuple[Grid | None, ...], ...]:
+        return program_candidates(self.train_perfect, self.program_outputs, self.candidate_outputs)
+
     def outcome(self) -> Outcome:
         return Outcome(self.task_id, self.test_index, self.attempt, self.level, self.natural, self.grid,
                        self.thinking_tokens, self.train_perfect, self.demos_right)
@@ -61,6 +70,11 @@ class AttemptRecord:
         out["program_outputs"] = [to_json(g) if g is not None else None for g in self.program_outputs]
         if not self.grid_line:  # reasoning-line records stay as they were
             del out["grid_line"]
+        out["candidate_outputs"] = [[to_json(g) if g is not None else None for g in c] for c in self.candidate_outputs]
+        out["weak_outputs"] = [to_json(g) for g in self.weak_outputs]
+        for name in ("candidate_outputs", "weak_outputs"):
+            if not out[name]:  # records without them stay as they were
+                del out[name]
         if not self.turn_tokens:  # one request: records stay as they were
             del out["turn_tokens"], out["tool_tokens"]
         else:
@@ -78,7 +92,18 @@ class AttemptRecord:
         values["grid"] = to_grid(raw["grid"]) if raw.get("grid") is not None else None
         values["turn_tokens"] = tuple(raw.get("turn_tokens", ()))
         values["program_outputs"] = tuple(to_grid(g) if g is not None else None for g in raw.get("program_outputs", []))
+        values["candidate_outputs"] = tuple(tuple(to_grid(g) if g is not None else None for g in c)
+                                            for c in raw.get("candidate_outputs", []))
+        values["weak_outputs"] = tuple(to_grid(g) for g in raw.get("weak_outputs", []))
         return cls(**values)
+
+
+def program_candidates(train_perfect: bool, program_outputs: tuple, candidate_outputs: tuple) -> tuple:
+    """The outputs (per test input) of each program candidate of an attempt: the tool agent's list, else the
+    attempt's program if train-perfect (one request, or a record logged before the list was)."""
+    if candidate_outputs:
+        return candidate_outputs
+    return (program_outputs,) if train_perfect else ()
 
 
 class AttemptLog:

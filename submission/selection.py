@@ -6,7 +6,11 @@ programs that were train-perfect for one of the task's other test inputs (transf
 2. then grids that a train-perfect program of this input produced, by votes;
 3. then the remaining direct grids, by votes;
 4. transferred outputs, when this input has no train-perfect program of its own, take the place of its program
-   outputs (tier 2) and vote with its grids; when it has one, they rank after all its grids and do not vote.
+   outputs (tier 2) and vote with its grids; when it has one, they rank after all its grids and do not vote;
+5. last, the weak pool: test outputs of the tool agent's programs that ran with a valid test output but are not
+   program candidates (Algorithm 7 line 16, seed ~3466-3468). The study names the pool and what joins it, not how
+   it is used; here its outputs do not vote and rank after every other candidate, in the order they came, so they
+   only fill a slot that would otherwise get `[[0]]` and never displace a candidate the study's ranking places.
 The study's sentence (SPEC 4): "Transferred outputs replace the program outputs of an input that has no train-perfect
 program of its own and then vote with its grids". Read literally: they *replace the program outputs*, so they rank
 as program outputs, and their votes add to equal grids'. (The other reading, that they rank as plain grids, differs
@@ -26,6 +30,7 @@ class Source(str, Enum):
     GRID = "grid"  # the direct answer grid of an attempt
     PROGRAM = "program"  # the test output of a train-perfect program of this test input
     TRANSFERRED = "transferred"  # the output of a program train-perfect on another test input of the task
+    WEAK = "weak"  # the test output of a tool agent's program that ran but is not a program candidate (the weak pool)
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,11 @@ def rank(candidates: list[Candidate] | tuple[Candidate, ...]) -> list[Ranked]:
     programs: set[Grid] = set()
     first: dict[Grid, int] = {}
     late: dict[Grid, int] = {}  # transferred outputs that rank after all grids (the input has its own program)
+    weak: dict[Grid, int] = {}  # the weak pool: after everything, no votes
     for i, c in enumerate(candidates):
+        if c.source is Source.WEAK:
+            weak.setdefault(c.grid, i)
+            continue
         if c.source is Source.TRANSFERRED and has_program:
             late.setdefault(c.grid, i)
             continue
@@ -65,6 +74,8 @@ def rank(candidates: list[Candidate] | tuple[Candidate, ...]) -> list[Ranked]:
     ranked = [Ranked(g, votes[g], g in programs, first[g]) for g in votes]
     ranked.sort(key=lambda r: (tier(r.grid), -r.votes, not r.from_program, r.first_seen))
     ranked += [Ranked(g, 0, False, i) for g, i in sorted(late.items(), key=lambda kv: kv[1]) if g not in votes]
+    ranked += [Ranked(g, 0, False, i) for g, i in sorted(weak.items(), key=lambda kv: kv[1])
+               if g not in votes and g not in late]
     return ranked
 
 

@@ -1,10 +1,10 @@
 """One attempt end to end, and the candidates it adds: render, generate, parse, check, record.
 
 `Attempts.run` is the whole life of one scheduled attempt against an engine and the sandbox: one request, or the
-tool agent's turns for a first attempt when the profile turns it on (submission.tool_agent: the model calls
-`check_transform` or answers); `Candidates` is the pure
-state that turns finished attempts into the two answers per test input (SPEC sections 3 and 4, with program transfer
-to the task's other test inputs).
+tool agent's turns for a first attempt when the profile turns it on (submission.tool_agent: the first turn calls
+`check_transform`, later turns call or answer; its result is Algorithm 7 lines 16-17: `agent_result`, `needs_direct`);
+`Candidates` is the pure state that turns finished attempts into the two answers per test input (SPEC sections 3 and
+4, with program transfer to the task's other test inputs and the agent's weak pool).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Callable
 
-from submission.answer import parse_answer
+from submission.answer import ParsedAnswer, Reply, parse_answer
 from submission.attempts import AttemptRecord
 from submission.config import Profile
 from submission.engines.base import Completion, Engine, GenerationRequest
@@ -58,26 +58,25 @@ class Candidates:
 
     by_input: dict[tuple[str, int], list[Candidate]] = field(default_factory=dict)
 
-    def add(self, task_id: str, test_index: int, attempt: int, grid: Grid | None, train_perfect: bool,
-            program_outputs: tuple) -> list[tuple[str, int]]:
-        """Add an attempt's grid and, if its program is train-perfect, its outputs (transferred to the task's other
-        test inputs). Returns the inputs whose candidates changed."""
-        changed = []
-        if grid is not None:
-            self.by_input.setdefault((task_id, test_index), []).append(Candidate(grid, Source.GRID, attempt))
-            changed.append((task_id, test_index))
-        if train_perfect:
-            for index, output in enumerate(program_outputs):
-                if output is None:
-                    continue
-                source = Source.PROGRAM if index == test_index else Source.TRANSFERRED
-                self.by_input.setdefault((task_id, index), []).append(Candidate(output, source, attempt))
-                changed.append((task_id, index))
-        return sorted(set(changed))
+    def add(self, task_id: str, test_index: int, attempt: int, grid: Grid | None,
+            programs: tuple[tuple[Grid | None, ...], ...], weak: tuple[Grid, ...] = ()) -> list[tuple[str, int]]:
+        """Add an attempt's grid, the outputs of each of its program candidates (train-perfect programs, transferred
+        to the task's other test inputs) and its weak pool (submission.selection). Returns the inputs whose
+        candidates changed."""
+        key = (task_id, test_index)
+        found = [(key, Candidate(grid, Source.GRID, attempt))] if grid is not None else []
+        for outputs in programs:
+            found += [((task_id, index), Candidate(output, Source.PROGRAM if index == test_index else
+                                                   Source.TRANSFERRED, attempt))
+                      for index, output in enumerate(outputs) if output is not None]
+        found += [(key, Candidate(output, Source.WEAK, attempt)) for output in weak]
+        for where, candidate in found:
+            self.by_input.setdefault(where, []).append(candidate)
+        return sorted({where for where, _ in found})
 
     def add_record(self, record: AttemptRecord) -> list[tuple[str, int]]:
-        return self.add(record.task_id, record.test_index, record.attempt, record.grid, record.train_perfect,
-                        record.program_outputs)
+        return self.add(record.task_id, record.test_index, record.attempt, record.grid, record.program_candidates,
+                        record.weak_outputs)
 
     def answers(self, key: tuple[str, int]) -> tuple[Grid, Grid]:
         return select(self.by_input.get(key, []))
@@ -124,10 +123,13 @@ class Attempts:
         check = await asyncio.to_thread(self.sandbox.check, program, task)
         return repair_text(program, demo_results(task, check))
 
-    async def _turn(self, request: Request, view: View, prompt: list[int], cap: int, may_call: bool = False) -> Turn:
+    async def _turn(self, request: Request, view: View, prompt: list[int], cap: int,
+                    reply: Reply = Reply.ANSWER) -> Turn:
         completion = await self.engine.generate(
-            GenerationRequest(request_id(request), tuple(prompt), cap, request.seed, may_call))
+            GenerationRequest(request_id(request), tuple(prompt), cap, request.seed, reply))
         parsed = parse_answer(completion.text)
+        if reply is Reply.CALL and not parsed.call:
+            parsed = as_call(parsed)
         grid = view.invert_grid(parsed.grid) if parsed.grid is not None else None
         readable = not parsed.call or parsed.closed  # a call cut by the answer limit is not run
         check = None
@@ -137,19 +139,20 @@ class Attempts:
                     check, parsed.call and readable)
 
     async def _agent(self, request: Request, view: View, prompt: list[int]) -> tuple[list[Turn], int]:
-        """The tool agent's turns (submission.tool_agent): the model calls `check_transform` or answers; a call is
-        run on the demonstrations and its results continue the conversation. Also returns the tool turns' tokens."""
+        """The tool agent's turns (submission.tool_agent): the first turn calls `check_transform`, later ones call or
+        answer; a call is run on the demonstrations and its results continue the conversation. Also returns the
+        tool turns' tokens."""
         config, reserve = self.profile.tool_agent, self.profile.engine.answer_max_tokens
         task = self.tasks[request.task_id]
         single = len(task.test_inputs) == 1
         cap, used, checks, final, turns = min(request.cap, first_cap(config, single, reserve)), 0, 0, False, []
         tool_tokens = 0
         while True:
-            turn = await self._turn(request, view, prompt, cap, may_call=not final)
+            turn = await self._turn(request, view, prompt, cap, turn_reply(len(turns), final))
             turns.append(turn)
             used += turn.completion.thinking_tokens + turn.completion.answer_tokens
             if turn.failed or final or turn.grid is not None:
-                break  # the engine failed, the final turn ended, or the model answered
+                break  # the engine failed, the final turn ended, or the model answered (not on the first turn)
             checks += 1  # a call; one whose program cannot be read counts as a check too (SPEC 5)
             check = turn.check if turn.call else None
             test = check.test[request.test_index] if check is not None else None
@@ -180,23 +183,25 @@ class Attempts:
         extra = await self._repair_extra(task, request.key) if request.level is Level.REPAIR else ""
         prompt = self.render(task, request.test_index, view, extra)
         started = self.clock()
-        if request.level is Level.FIRST and self.profile.tool_agent.enabled:
+        agent = request.level is Level.FIRST and self.profile.tool_agent.enabled
+        if agent:
             tool = instructions(self.profile.tool_agent.checks)
             turns, tool_tokens = await self._agent(request, view,
                                                    self.render(task, request.test_index, view, extra + tool))
-            if turns[-1].completion.finish.startswith("error") and all(t.grid is None for t in turns):
-                # SPEC 5: an infrastructure error with no grid falls back to one direct request (not when aborted:
-                # that is the hard stop)
+            if needs_direct(turns):  # Algorithm 7 line 17: the direct attempt instead
                 cap = self.profile.schedule.cap(request.cap, self.clock())
                 if cap >= self.profile.schedule.min_cap:
                     turns.append(await self._turn(request, view, prompt, cap))
         else:
             turns, tool_tokens = [await self._turn(request, view, prompt, request.cap)], 0
-        # The answer is the last turn's, unless it failed (aborted, engine error) after one that did not; its program
-        # is the answer's unless a call's was train-perfect and the answer's is not (a verified program is kept).
+        # The grid is the last turn's, unless it failed (aborted, engine error) after one that did not.
         final = next((t for t in reversed(turns) if not t.failed), turns[-1])
-        verified = [t for t in turns if not t.failed and t.check is not None and t.check.train_perfect]
-        source = final if not verified or (final.check is not None and final.check.train_perfect) else verified[-1]
+        candidates, weak = agent_result(turns, request.test_index) if agent else ([], ())
+        # The record's program: the first candidate, else the checked program with the most demonstrations right
+        # (what a repair turn starts from; the latest of equals), else the answer's.
+        checked = [t for t in turns if not t.failed and t.check is not None]
+        best = max(reversed(checked), key=lambda t: demos_right(t.check), default=final)
+        source = candidates[0] if candidates else best
         check = source.check
         record = AttemptRecord(
             task_id=request.task_id, test_index=request.test_index, attempt=request.attempt, level=request.level,
@@ -205,13 +210,56 @@ class Attempts:
             answer_tokens=sum(t.completion.answer_tokens for t in turns), prompt_tokens=len(prompt),
             grid=final.grid, parse_error=final.parse_error, program=source.program,
             train_perfect=check is not None and check.train_perfect,
-            demos_right=sum(p.status is Status.RIGHT for p in check.train) if check else 0,
-            program_outputs=check.test_outputs if check else (), started_s=started, finished_s=self.clock(),
+            demos_right=demos_right(check) if check else 0,
+            program_outputs=check.test_outputs if check else (),
+            candidate_outputs=tuple(t.check.test_outputs for t in candidates), weak_outputs=weak,
+            started_s=started, finished_s=self.clock(),
             aborted=final.failed, finish=final.completion.finish, turns=len(turns),
             turn_tokens=tuple(t.completion.thinking_tokens + t.completion.answer_tokens for t in turns)
             if len(turns) > 1 else (), tool_tokens=tool_tokens)
         self.note_program(record)
         return record
+
+
+def turn_reply(turn: int, final: bool) -> Reply:
+    """What the agent's turn may write (Algorithm 7 line 4, seed ~3443): the first turn a `check_transform` call,
+    later turns a call or the final answer, the final turn (line 14) the answer."""
+    return Reply.ANSWER if final else Reply.CALL if turn == 0 else Reply.EITHER
+
+
+def as_call(parsed: ParsedAnswer) -> ParsedAnswer:
+    """A first turn that answered although its grammar admits only a call (an engine without the grammar: a replayed
+    or scripted completion). The study's first turn emits a call and allows the final grid only from the second turn
+    on (Algorithm 7 line 4), so the answer is not accepted: its grid is dropped and its program is read as the call
+    (checked, shown to the model, a check counted; none: the unreadable call's note), and the loop goes on."""
+    return ParsedAnswer(None, parsed.program, "an answer on the first turn, read as its call (Algorithm 7 line 4)",
+                        call=True, closed=parsed.closed)
+
+
+def needs_direct(turns: list[Turn]) -> bool:
+    """Algorithm 7 line 17 (seed ~3470): the direct attempt replaces the agent only on an infrastructure error (an
+    engine error; not the hard stop's abort) that left neither a grid nor a checked program."""
+    return (turns[-1].completion.finish.startswith("error")
+            and all(t.grid is None and t.check is None for t in turns if not t.failed))
+
+
+def agent_result(turns: list[Turn], test_index: int) -> tuple[list[Turn], tuple[Grid, ...]]:
+    """Algorithm 7 line 16 (seed ~3466-3468): the turns whose programs are program candidates (checked programs that
+    the checker finds train-perfect, in check order, then the final program if it passes: the turns' order) and the
+    weak pool (this input's test output of every other program that ran with one). The kit's sandbox is both the
+    tool checker and the production checker. A program already taken (the final answer repeating a checked call) is
+    not taken twice: one program, one vote."""
+    candidates, weak, seen = [], [], set()
+    for turn in turns:
+        if turn.failed or turn.check is None or turn.program in seen:
+            continue
+        seen.add(turn.program)
+        output = turn.check.test_outputs[test_index] if test_index < len(turn.check.test_outputs) else None
+        if turn.check.train_perfect:
+            candidates.append(turn)
+        elif output is not None:
+            weak.append(output)
+    return candidates, tuple(weak)
 
 
 def continued(prompt: list[int], sampled: tuple[int, ...], tool_ids: list[int]) -> list[int]:
@@ -221,6 +269,10 @@ def continued(prompt: list[int], sampled: tuple[int, ...], tool_ids: list[int]) 
     if sampled_ids and tool_ids and sampled_ids[-1] == tool_ids[0]:
         sampled_ids.pop()
     return prompt + sampled_ids + tool_ids
+
+
+def demos_right(check: CheckResult) -> int:
+    return sum(p.status is Status.RIGHT for p in check.train)
 
 
 def demo_results(task: Task, check: CheckResult) -> list[tuple[Grid, Grid | None, str]]:

@@ -1,21 +1,27 @@
-"""The tool agent (SPEC section 5): a first attempt whose model may check programs on the demonstrations before it
-answers.
+"""The tool agent (SPEC section 5, Algorithm 7 of the study, seed ~3424-3471): a first attempt whose model checks
+programs on the demonstrations before it answers.
 
-Every turn is one ordinary request: thinking up to the turn's cap (the forced close at the cap), then, under the
-answer grammar with its call alternative (submission.answer, `may_call`), the model's choice: an answer (grid and
-`transform` program, which ends the attempt) or a `check_transform` call (CALL_OPEN and a program). The prompt says
-so (`instructions`). The kit runs a call's program on the demonstrations and answers in a tool turn of the model's
-own chat template with the per-demonstration results; the next turn continues the same conversation: its prompt is
-the previous prompt, the ids as sampled and the tool turn, so an engine's prefix cache reuses all of it.
+Every turn is one ordinary request: thinking up to the turn's cap (the forced close at the cap), then what the turn's
+grammar admits (submission.answer, `Reply`): the first turn a `check_transform` call (CALL_OPEN and a program) only,
+as Algorithm 7 line 4 has it ("emit a check_transform call; from the second turn on, the final grid and program are
+also allowed"); later turns a call or the answer (grid and `transform` program, which ends the attempt), the model's
+choice; the final turn the answer. An engine that ignores the grammar (a replayed or scripted completion) and answers
+on the first turn has its answer read as the call (submission.solve.as_call): not accepted, since the study accepts
+the final grid only from the second turn on, and not wasted, since its program is checked and shown as a call's. The
+prompt says so (`instructions`). The kit runs a call's program on the demonstrations and answers in a tool turn of
+the model's own chat template with the per-demonstration results; the next turn continues the same conversation: its
+prompt is the previous prompt, the ids as sampled and the tool turn, so an engine's prefix cache reuses all of it.
 
 Turns follow the study's rules (SPEC 5): at most `checks` checks; after a check, a later turn runs while at least
 `min_turn_thinking` thinking tokens fit the budget after reserving its call (an answer), the check's response and the
 final turn, else the final turn comes; after the last check, or a check that finds the program train-perfect with a
-test output, the final turn comes too. The final turn admits no call (the grammar without it) and always ends the
-attempt (unless the deadline or the context cannot hold even that); a call whose program cannot be read (no grid
-and no closed call: cut by the answer limit, or thinking ended by end of turn) counts as a check, the model is told
-so and the loop goes on; on an infrastructure error with no grid the attempt falls back to one direct request
-(submission.solve).
+test output, the final turn comes too. The final turn admits no call and always ends the attempt (unless the
+deadline or the context cannot hold even that); a call whose program cannot be read (no grid and no closed call: cut
+by the answer limit, or thinking ended by end of turn) counts as a check, the model is told so and the loop goes on.
+The result (Algorithm 7 lines 16-17, submission.solve.agent_result and needs_direct): every checked program found
+train-perfect, in check order, then the final program if it passes, is a program candidate; every other program that
+ran with a test output joins the weak pool (submission.selection); only an infrastructure error that left neither a
+grid nor a checked program runs the direct attempt instead.
 
 Approximation of SPEC, said in the README: the call is plain text under the grammar, not the chat template's
 tool-call tokens, and the tool is described in the user message, not in the template's tool list; the study's
@@ -64,11 +70,12 @@ LAST_CHECK = "No checks are left: answer for the test input now, the output grid
 
 
 def instructions(checks: int) -> str:
-    """The tool's description, appended to the first turn's user message (the direct fallback's prompt has none)."""
-    return (f"\n\nBefore you answer you may check a program on the examples, at most {checks} times: after "
-            f"thinking, instead of the answer, write\n{CALL_OPEN}\n    ...\n{FENCE}\nand you will see its result on "
-            "every example and its output for the test input. Answer when you are sure: the output grid, then the "
-            "program.")
+    """The tool's description, appended to the first turn's user message (the direct fallback's prompt has none).
+    The first turn must check (Algorithm 7 line 4; its grammar admits only the call), so the text says so."""
+    return (f"\n\nCheck a program on the examples before you answer, at most {checks} times: after thinking, "
+            f"write\n{CALL_OPEN}\n    ...\n{FENCE}\nand you will see its result on every example and its output "
+            "for the test input. Your first reply must be such a check. After it, answer when you are sure: the "
+            "output grid, then the program.")
 
 
 def first_cap(config: ToolAgentConfig, single_input: bool, answer_reserve: int) -> int:

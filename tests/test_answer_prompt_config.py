@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from submission.answer import CALL_OPEN, answer_grammar, parse_answer
+from submission.answer import CALL_OPEN, Reply, answer_grammar, parse_answer
 from submission.config import EngineConfig, ProfileError, load_profile, profile_to_toml
 from submission.prompt import grid_text, repair_text, task_text
 from submission.tasks import load_tasks
@@ -48,7 +48,8 @@ def test_parse_a_call_and_a_cut_call():
 
 
 def test_only_the_call_grammar_admits_a_call():
-    """The grammars as the engines compile them (xgrammar): a tool agent's turn may call or answer; others answer."""
+    """The grammars as the engines compile them (xgrammar): a tool agent's first turn calls (Algorithm 7 line 4), its
+    later turns call or answer; others answer."""
     xgr = pytest.importorskip("xgrammar", reason="needs the engine environment (make engine-env)")
     info = xgr.TokenizerInfo([chr(c) for c in range(32, 127)] + ["\n", "<eot>"], stop_token_ids=[96])
     compiler = xgr.GrammarCompiler(info)
@@ -59,8 +60,10 @@ def test_only_the_call_grammar_admits_a_call():
         matcher = xgr.GrammarMatcher(compiler.compile_grammar(grammar))
         return matcher.accept_string(text) and matcher.is_completed()
 
-    assert accepts(answer_grammar(CUE, 500, call=True), call_text)
-    assert accepts(answer_grammar(CUE, 500, call=True), answer_text)
+    assert accepts(answer_grammar(CUE, 500, Reply.CALL), call_text)
+    assert not accepts(answer_grammar(CUE, 500, Reply.CALL), answer_text)
+    assert accepts(answer_grammar(CUE, 500, Reply.EITHER), call_text)
+    assert accepts(answer_grammar(CUE, 500, Reply.EITHER), answer_text)
     assert accepts(answer_grammar(CUE, 500), answer_text)
     assert not accepts(answer_grammar(CUE, 500), call_text)
 

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("torch", reason="engine tests need the engine environment (make engine-env)")
 
 from build.tiny import make_checkpoint  # noqa: E402
-from submission.answer import THINK_END, parse_answer  # noqa: E402
+from submission.answer import THINK_END, Reply, parse_answer  # noqa: E402
 from submission.config import EngineConfig, PromptConfig  # noqa: E402
 from submission.engines.base import GenerationRequest  # noqa: E402
 from submission.prompt import render  # noqa: E402
@@ -53,16 +53,17 @@ def second_turn(tiny, prompt, first) -> GenerationRequest:
 
     tool_ids = tool_turn(AutoTokenizer.from_pretrained(tiny), "check_transform: 0 of 2 examples reproduced.",
                          PromptConfig())[1]
-    return GenerationRequest("t0/0/1", tuple(continued(prompt, first.token_ids, tool_ids)), CAP, seed=5, may_call=True)
+    return GenerationRequest("t0/0/1", tuple(continued(prompt, first.token_ids, tool_ids)), CAP, seed=5,
+                             reply=Reply.EITHER)
 
 
-def assert_well_formed(completion, config: EngineConfig, may_call: bool = False):
-    """A well-formed answer; with `may_call` (a tool agent's turn) a closed check_transform call is well-formed too."""
+def assert_well_formed(completion, config: EngineConfig, reply: Reply = Reply.ANSWER):
+    """A well-formed answer; where `reply` admits a call (a tool agent's turn) a closed check_transform call too."""
     assert completion.finish == "stop", completion.finish
     assert completion.thinking_tokens <= CAP
     assert completion.answer_tokens <= config.answer_max_tokens
     parsed = parse_answer(completion.text)
-    if may_call and parsed.call:
+    if reply is not Reply.ANSWER and parsed.call:
         assert parsed.closed and parsed.program.startswith("def transform(grid):")
         return
     assert not parsed.call
@@ -91,7 +92,7 @@ def test_hf_engine_phases(tiny, prompts):
     completions = asyncio.run(run_engine(HFEngine(tiny, CONFIG), requests(prompts),
                                          lambda done: second_turn(tiny, prompts[0], done[0])))
     for completion in completions:  # the continued conversation (it may call) thinks and answers or calls
-        assert_well_formed(completion, CONFIG, may_call=completion is completions[-1])
+        assert_well_formed(completion, CONFIG, reply=Reply.EITHER if completion is completions[-1] else Reply.ANSWER)
     completions = completions[:-1]
     again = asyncio.run(run_engine(HFEngine(tiny, CONFIG), requests(prompts)))
     assert [c.text for c in again] == [c.text for c in completions]  # the seeds decide the samples
@@ -128,5 +129,5 @@ def test_vllm_engine_same_phases(tiny, prompts):
     engine = VLLMEngine(tiny, config, enforce_eager=True)
     completions = asyncio.run(run_engine(engine, requests(prompts), lambda done: second_turn(tiny, prompts[0], done[0])))
     for completion in completions:  # the last one continues a conversation whose prompt holds a </think> already
-        assert_well_formed(completion, config, may_call=completion is completions[-1])
+        assert_well_formed(completion, config, reply=Reply.EITHER if completion is completions[-1] else Reply.ANSWER)
     assert engine.meter._tokens + sum(w.tokens for w in engine.meter.windows) > 0  # per-step stats arrive

@@ -217,8 +217,9 @@ def test_kill_and_resume_loses_and_redoes_nothing(resumed, tasks):
 def test_tool_agent_turns_are_recorded(resumed):
     after = resumed[2]
     first = [r for r in after if r.level is Level.FIRST and not r.aborted]
-    # the model decides: an answer on the first turn is one request with a grid; calls record each turn's tokens
-    assert first and all(r.grid is not None if r.turns == 1 else sum(r.turn_tokens) == r.tokens and r.turns <= 3
+    # the first turn is a call (Algorithm 7 line 4): one request only when the deadline left no later turn (no grid);
+    # otherwise two or three turns, each one's tokens recorded
+    assert first and all(r.grid is None if r.turns == 1 else sum(r.turn_tokens) == r.tokens and r.turns <= 3
                          for r in first)
     assert all(r.thinking_tokens <= AGENT["first_thinking"] + AGENT["later_thinking"] + AGENT["final_thinking"]
                for r in first)  # each turn within its own cap

@@ -61,3 +61,15 @@ def test_transferred_ranks_after_grids_when_own_program():
 def test_duplicates_never_fill_both_attempts():
     first, second = select(cands((A, G), (A, G), (A, P)))
     assert first == A and second == EMPTY_ANSWER
+
+
+def test_the_weak_pool_only_fills_empty_slots():
+    """Algorithm 7 line 16: programs that ran with a valid test output but are not candidates join the weak pool. It
+    does not vote and ranks after every candidate, so it replaces only the `[[0]]` filler."""
+    W = Source.WEAK
+    assert select(cands((A, G), (B, W))) == (A, B)  # fills the empty second slot
+    assert select(cands((B, W), (C, W))) == (B, C)  # an agent with no grid: its weak outputs, in order
+    assert select(cands((A, G), (C, G), (B, W), (B, W))) == (A, C)  # never ahead of a grid, whatever its count
+    assert select(cands((A, G), (C, T), (B, W))) == (C, A)  # nor of a transferred output
+    assert select(cands((A, P), (C, T), (B, W))) == (A, C)  # nor of a late transferred output
+    assert select(cands((A, G), (A, W))) == (A, EMPTY_ANSWER)  # no vote: a weak copy of a grid adds nothing

@@ -76,3 +76,23 @@ def test_an_agent_attempt_runs_as_its_turns_one_after_another():
     assert abs(end - start - (1_100 + 1_170 + 1_220) / 1_000) < 1e-9  # three prefills, against 1.18 s as one request
     assert [key for key, _, _ in submitted[3:]] == [("a", 0, 2)]  # the second attempt: one request
     assert result.tokens_generated == 180 + 180
+
+
+def test_the_simulator_scores_every_program_candidate_and_the_weak_pool():
+    """The simulator selects with the solver's code: an agent attempt's every program candidate (Algorithm 7 line 16)
+    and its weak pool count, as in the solver (submission.solve.Candidates)."""
+    right, wrong, other = ((5,),), ((6,),), ((7,),)
+    logged = [  # a: the second candidate is right; b: only the weak pool is; c: one request, as before
+        AttemptRecord("a", 0, 1, Level.FIRST, 1, 96_000, natural=True, thinking_tokens=100, grid=other,
+                      train_perfect=True, program_outputs=(wrong,), candidate_outputs=((wrong,), (right,)),
+                      turns=2, turn_tokens=(60, 40)),
+        AttemptRecord("b", 0, 1, Level.FIRST, 1, 96_000, natural=True, thinking_tokens=100, grid=other,
+                      weak_outputs=(right,), turns=2, turn_tokens=(60, 40)),
+        AttemptRecord("c", 0, 1, Level.FIRST, 1, 96_000, natural=True, thinking_tokens=100, grid=other,
+                      train_perfect=True, program_outputs=(right,))]
+    truth = {(k, 0): right for k in "abc"}
+    pool = AttemptPool(logged, truth)
+    config = ScheduleConfig(repair_caps=(), extra_min_left_s=10**6, cap_second=1)  # first attempts decide
+    inputs = [InputInfo(k, 0, 100, 1) for k in "abc"]
+    result = simulate(config, inputs, pool.draw, LatencyEngine(lambda job: 1.0), truth, 0)
+    assert result.task_scores == {"a": 1.0, "b": 1.0, "c": 1.0}

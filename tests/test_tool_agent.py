@@ -10,13 +10,14 @@ import json
 
 import pytest
 
-from submission.answer import CALL_OPEN, FENCE, THINK_END
+from submission.answer import CALL_OPEN, FENCE, THINK_END, Reply
 from submission.config import PROFILES, EngineConfig, Profile, PromptConfig
+from submission.attempts import AttemptRecord
 from submission.engines.base import Completion
 from submission.prompt import FIX, check_text, grid_text
 from submission.sandbox import Sandbox
 from submission.schedule import Level, Request
-from submission.solve import Attempts
+from submission.solve import Attempts, Candidates
 from submission.tasks import load_tasks
 from submission.tool_agent import (LAST_CHECK, NO_CALL, ToolAgentConfig, finished, first_cap, instructions, next_turn,
                                    within_tokens)
@@ -25,6 +26,13 @@ CONFIG = ToolAgentConfig(enabled=True)
 EOT = 7  # the end-of-turn id of the scripted engine and tool turn below
 IDENTITY = "def transform(grid):\n    return grid\n"
 ROTATE = "def transform(grid):\n    return [row[::-1] for row in grid[::-1]]\n"
+FLIP = "def transform(grid):\n    return grid[::-1]\n"
+
+
+def rotate_except(test_input, instead: str) -> str:
+    """A program train-perfect on 3c9b0459 (rotation by 180 degrees) that does `instead` on the test input."""
+    return (f"def transform(grid):\n    if grid == {[list(r) for r in test_input]!r}:\n        {instead}\n"
+            "    return [row[::-1] for row in grid[::-1]]\n")
 
 
 @pytest.fixture(scope="module")
@@ -121,16 +129,26 @@ def run_attempt(task, engine, level=Level.FIRST, config=CONFIG, clock=lambda: 0.
     return record, tool_texts
 
 
-def test_the_model_that_answers_ends_the_attempt(tasks):
-    """SPEC 5: the model decides. An answer on the first turn (grid and program) is the attempt's answer; its program
-    is checked as any attempt's but not shown to the model."""
+def test_the_first_turn_is_a_check(tasks):
+    """Algorithm 7 line 4 (seed ~3443): the first turn emits a `check_transform` call; the final grid and program are
+    allowed from the second turn on. The first turn's grammar admits only the call; an answer that comes anyway (an
+    engine without the grammar) is not accepted: its program is checked as the call, and the next turn answers."""
+    task = tasks["3c9b0459"]
     extras = []
-    engine = Scripted([answer(((1,),), IDENTITY)])
-    record, texts = run_attempt(tasks["3c9b0459"], engine, extras=extras)
-    assert len(engine.requests) == 1 and engine.requests[0].may_call and texts == []
-    assert record.turns == 1 and record.grid == ((1,),) and not record.train_perfect and record.demos_right == 0
-    assert record.program == IDENTITY and record.turn_tokens == () and record.tool_tokens == 0
+    engine = Scripted([answer(((1,),), IDENTITY), answer(((2,),), ROTATE)])
+    record, texts = run_attempt(task, engine, extras=extras)
+    assert [r.reply for r in engine.requests] == [Reply.CALL, Reply.EITHER]
+    assert len(texts) == 1 and texts[0].startswith(f"check_transform: 0 of {len(task.train)}")  # identity, checked
+    assert record.turns == 2 and record.grid == ((2,),) and record.train_perfect and record.program == ROTATE
     assert extras[-1] == instructions(2) and CALL_OPEN in extras[-1] and "at most 2 times" in extras[-1]
+    assert "first reply must be such a check" in extras[-1]
+
+
+def test_from_the_second_turn_an_answer_ends_the_attempt(tasks):
+    engine = Scripted([call(IDENTITY), answer(((1,),), IDENTITY)])
+    record, texts = run_attempt(tasks["3c9b0459"], engine)
+    assert [r.reply for r in engine.requests] == [Reply.CALL, Reply.EITHER] and len(texts) == 1
+    assert record.turns == 2 and record.grid == ((1,),) and not record.train_perfect and record.program == IDENTITY
 
 
 def test_a_wrong_program_is_shown_its_checks_twice_then_answers(tasks):
@@ -138,7 +156,7 @@ def test_a_wrong_program_is_shown_its_checks_twice_then_answers(tasks):
     engine = Scripted([call(IDENTITY), call(IDENTITY), answer(((1,),), IDENTITY)])
     record, texts = run_attempt(task, engine)
     assert [r.thinking_cap for r in engine.requests] == [4000, 8000, 4000]  # the scheduler's cap, later, final
-    assert [r.may_call for r in engine.requests] == [True, True, False]  # the final turn's grammar has no call
+    assert [r.reply for r in engine.requests] == [Reply.CALL, Reply.EITHER, Reply.ANSWER]  # the final: no call
     assert record.turns == 3 and record.thinking_tokens == 300 and record.answer_tokens == 150
     assert record.turn_tokens == (150, 150, 150) and record.tool_tokens == 8  # for the simulator (sim.agent)
     first, second, third = (list(r.prompt_ids) for r in engine.requests)
@@ -153,7 +171,7 @@ def test_a_wrong_program_is_shown_its_checks_twice_then_answers(tasks):
 def test_a_train_perfect_call_goes_to_the_final_turn_and_its_program_is_kept(tasks):
     engine = Scripted([call(ROTATE), answer(((2,),), IDENTITY)])
     record, texts = run_attempt(tasks["3c9b0459"], engine)
-    assert [(r.thinking_cap, r.may_call) for r in engine.requests] == [(4000, True), (4000, False)]
+    assert [(r.thinking_cap, r.reply) for r in engine.requests] == [(4000, Reply.CALL), (4000, Reply.ANSWER)]
     assert texts[0].startswith("check_transform: 4 of 4") and texts[0].endswith(LAST_CHECK)
     # the answer's grid; the verified program (the answer's own is not train-perfect) and its test output
     assert record.turns == 2 and record.grid == ((2,),) and record.train_perfect and record.program == ROTATE
@@ -172,7 +190,7 @@ def test_only_first_attempts_and_only_when_enabled(tasks):
         extras = []
         engine = Scripted([call(IDENTITY)])
         record, _ = run_attempt(task, engine, level=level, config=config, extras=extras)
-        assert len(engine.requests) == 1 and record.turns == 1 and not engine.requests[0].may_call
+        assert len(engine.requests) == 1 and record.turns == 1 and engine.requests[0].reply is Reply.ANSWER
         assert extras == [""]  # the plain prompt: no tool description
 
 
@@ -217,15 +235,70 @@ def test_an_infrastructure_error_without_a_grid_falls_back_to_a_direct_attempt(t
     record, texts = run_attempt(tasks["3c9b0459"], engine, cap=6000)
     assert texts == [] and len(engine.requests) == 2 and record.turns == 2
     first, direct = engine.requests
-    assert direct.thinking_cap == 6000 and not direct.may_call  # the request's cap, no call
+    assert direct.thinking_cap == 6000 and direct.reply is Reply.ANSWER  # the request's cap, no call
     assert record.grid == ((2,),) and record.train_perfect and not record.aborted and record.finish == "stop"
 
 
-def test_a_final_turn_lost_to_the_engine_falls_back_and_keeps_the_verified_call(tasks):
-    engine = Scripted([call(ROTATE), ("", "error: engine died"), answer(((3,),), IDENTITY)])
-    record, _ = run_attempt(tasks["3c9b0459"], engine)
-    assert len(engine.requests) == 3 and record.grid == ((3,),) and record.train_perfect and record.program == ROTATE
-    assert not record.aborted and record.finish == "stop"
+@pytest.mark.parametrize("program", [ROTATE, IDENTITY])
+def test_no_direct_attempt_after_a_checked_program(tasks, program):
+    """Algorithm 7 line 17 (seed ~3470): the direct attempt replaces the agent only on an infrastructure error that
+    left neither a grid nor a checked program. A final turn lost after a check keeps the check's program (a candidate
+    if train-perfect, else in the weak pool) and runs no direct attempt."""
+    task = tasks["3c9b0459"]
+    engine = Scripted([call(program), ("", "error: engine died"), answer(((3,),), IDENTITY)])
+    record, _ = run_attempt(task, engine)
+    assert len(engine.requests) == 2 and record.grid is None and record.program == program
+    output = run_program(program, task.test_inputs[0])
+    if program == ROTATE:
+        assert record.train_perfect and record.candidate_outputs == ((output,),) and record.weak_outputs == ()
+    else:
+        assert not record.train_perfect and record.candidate_outputs == () and record.weak_outputs == (output,)
+    assert not record.aborted and record.finish == "stop"  # the attempt is finished: not retried
+
+
+def run_program(program, grid):
+    scope = {}
+    exec(program, scope)
+    return tuple(tuple(r) for r in scope["transform"]([list(r) for r in grid]))
+
+
+def test_every_train_perfect_checked_program_is_a_candidate_in_check_order(tasks):
+    """Algorithm 7 line 16 (seed ~3466-3468): checked programs the checker finds train-perfect, in check order, then
+    the final program if it passes, are the program candidates; the final program repeating a checked one is not
+    counted twice."""
+    task = tasks["3c9b0459"]
+    test_input = task.test_inputs[0]
+    no_test = rotate_except(test_input, "raise ValueError('no test output')")  # train-perfect, no test output
+    keeps = rotate_except(test_input, "return grid")  # train-perfect, the test input unchanged
+    engine = Scripted([call(no_test), call(keeps), answer(((2,),), ROTATE)])
+    record, texts = run_attempt(task, engine)
+    assert texts[0].startswith("check_transform: 4 of 4") and texts[0].endswith(FIX)  # no test output: go on
+    assert texts[1].endswith(LAST_CHECK) and record.turns == 3
+    rotated = run_program(ROTATE, test_input)
+    assert record.candidate_outputs == ((None,), (test_input,), (rotated,)) and record.weak_outputs == ()
+    assert record.program == no_test and record.train_perfect  # the first candidate
+    candidates = Candidates()
+    candidates.add_record(record)
+    assert candidates.answers((task.id, 0)) == (test_input, rotated)  # both programs, in check order, before the grid
+    assert AttemptRecord.from_json(record.to_json()) == record
+    engine = Scripted([call(ROTATE), answer(((2,),), ROTATE)])  # the final answer repeats the verified call
+    record, _ = run_attempt(task, engine)
+    assert record.candidate_outputs == ((rotated,),)
+
+
+def test_programs_that_ran_but_are_not_train_perfect_join_the_weak_pool(tasks):
+    """Algorithm 7 line 16: other programs that ran with a valid test output join the weak pool, which fills the slot
+    the candidates leave empty (submission.selection)."""
+    task = tasks["3c9b0459"]
+    test_input = task.test_inputs[0]
+    rotated = run_program(ROTATE, test_input)
+    crashes = "def transform(grid):\n    return 1 / 0\n"  # ran, without a test output: not in the pool
+    engine = Scripted([call(crashes), call(FLIP), answer(rotated, ROTATE)])
+    record, _ = run_attempt(task, engine)
+    assert record.candidate_outputs == ((rotated,),) and record.weak_outputs == (run_program(FLIP, test_input),)
+    candidates = Candidates()
+    candidates.add_record(record)
+    assert candidates.answers((task.id, 0)) == (rotated, run_program(FLIP, test_input))  # not [[0]]
 
 
 def test_no_direct_fallback_after_an_abort(tasks):
@@ -279,9 +352,9 @@ def test_solver_runs_the_tool_agent_on_the_tiny_model(tmp_path, arc_data):
     assert code == 0
     records = [json.loads(line) for line in log.read_text().splitlines()]
     first = [r for r in records if r["level"] == int(Level.FIRST)]
-    # the random model calls or answers as it samples; the final turn's grammar admits no call, so every first
-    # attempt ends with a grid, after at most two checks
-    assert first and all(r["grid"] is not None and 1 <= r["turns"] <= 3 for r in first), first
+    # the first turn calls (its grammar admits nothing else), then the random model calls or answers as it samples;
+    # the final turn's grammar admits no call, so every first attempt ends with a grid, after one or two checks
+    assert first and all(r["grid"] is not None and 2 <= r["turns"] <= 3 for r in first), first
     print("turns of the first attempts:", [r["turns"] for r in first])
     assert all(r["thinking_tokens"] <= 48 + 40 + 32 for r in first)  # each turn within its cap
     assert all(r["turns"] == 1 for r in records if r["level"] != int(Level.FIRST))

@@ -2,8 +2,9 @@
 
 An engine takes one request per attempt (prompt token ids, thinking cap, seed) and runs all of its phases itself:
 THINK up to the cap, the forced-close sentence and `</think>` at the cap, the answer grammar at the answer temperature
-(submission.answer; with `may_call`, the one that also admits a tool agent's `check_transform` call), end of turn. It returns a `Completion` with token counts and times; `abort` stops a request;
-`stats` gives per-window throughput (tokens generated, running requests), which `sim calibrate` fits.
+(submission.answer; a tool agent's turns, `reply`, admit its `check_transform` call), end of turn. It returns a
+`Completion` with token counts and times; `abort` stops a request; `stats` gives per-window throughput (tokens
+generated, running requests), which `sim calibrate` fits.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from submission.answer import Reply
+
 
 @dataclass(frozen=True)
 class GenerationRequest:
@@ -19,7 +22,7 @@ class GenerationRequest:
     prompt_ids: tuple[int, ...]
     thinking_cap: int
     seed: int
-    may_call: bool = False  # the answer grammar also admits a `check_transform` call (a tool agent's turn)
+    reply: Reply = Reply.ANSWER  # what the grammar after `</think>` admits (a tool agent's turns: a call)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from submission.answer import THINK_END, answer_grammar, banned_answer_ids, forced_end
+from submission.answer import THINK_END, Reply, answer_grammar, banned_answer_ids, forced_end
 from submission.config import EngineConfig
 from submission.engines.base import Completion, EngineDead, GenerationRequest, ThroughputMeter
 
@@ -79,8 +79,8 @@ class HFEngine:
         vocab = self.model.config.vocab_size
         info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=vocab)
         compiler = xgr.GrammarCompiler(info)
-        self.grammars = {call: compiler.compile_grammar(
-            answer_grammar(self.config.program_cue, self.config.program_max_chars, call)) for call in (False, True)}
+        self.grammars = {reply: compiler.compile_grammar(
+            answer_grammar(self.config.program_cue, self.config.program_max_chars, reply)) for reply in Reply}
         self.vocab = vocab
         self.think_end = self.tokenizer.convert_tokens_to_ids(THINK_END)
         self.eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -172,7 +172,7 @@ class HFEngine:
             return token
         # ANSWER: every token under the grammar
         if seq.matcher is None:
-            seq.matcher = self.xgr.GrammarMatcher(self.grammars[seq.request.may_call])
+            seq.matcher = self.xgr.GrammarMatcher(self.grammars[seq.request.reply])
         token = self._sample_answer(seq, logits)
         if not seq.matcher.accept_token(token):
             seq.phase, seq.finish = DONE, "error: grammar rejected a masked token"  # never loop on it

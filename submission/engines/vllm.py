@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from submission.answer import THINK_END, THINK_START, answer_grammar, banned_answer_ids, forced_end
+from submission.answer import THINK_END, THINK_START, Reply, answer_grammar, banned_answer_ids, forced_end
 from submission.config import EngineConfig
 from submission.engines.base import Completion, EngineDead, GenerationRequest, ThroughputMeter
 
@@ -154,7 +154,7 @@ class VLLMEngine:
         self.think_end = self.tokenizer.convert_tokens_to_ids(THINK_END)
         end_str = forced_end(c.forced_close)
         self.forced_ids = self.tokenizer.encode(end_str, add_special_tokens=False)
-        self.grammars = {call: answer_grammar(c.program_cue, c.program_max_chars, call) for call in (False, True)}
+        self.grammars = {reply: answer_grammar(c.program_cue, c.program_max_chars, reply) for reply in Reply}
         self.banned = banned_answer_ids(self.tokenizer)
         import torch
         from vllm import config as vllm_configs
@@ -179,7 +179,7 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
-        kwargs = sampling_kwargs(self.config, request, len(self.forced_ids), self.grammars[request.may_call],
+        kwargs = sampling_kwargs(self.config, request, len(self.forced_ids), self.grammars[request.reply],
                                  self.think_end, self.banned, self._open_thinking(request.prompt_ids))
         kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
         params = SamplingParams(**kwargs)
