@@ -247,14 +247,27 @@ def test_chunked_loss_and_gradients_equal_the_plain_ones_on_qwen3_next():
 def test_peak_memory_is_linear_in_length_and_holds_no_logits_per_token():
     """training.rft.train's step at 1,024, 2,048 and 4,096 tokens with a 65,536-token vocabulary, its peak measured
     as benchmarks/rft_memory.py says (a fresh process each, peak resident set with every large tensor its own
-    mapping). With the study's techniques (slices scaled down with the lengths) the peak grows by a few KB per token
-    (the activations a hidden width of 128 keeps), linearly: doubling the length doubles the increment. The model's
-    own loss over full logits instead keeps ~3 fp32 logit rows (vocabulary x 4 bytes each) per token."""
+    mapping). With the study's techniques (slices scaled down with the lengths) the peak grows by ~6 KB per token
+    (the activations a hidden width of 256 keeps), linearly: doubling the length doubles the increment (measured
+    1.9-2.2). The model's own loss over full logits instead keeps ~3 fp32 logit rows (vocabulary x 4 bytes each,
+    ~790 KB) per token."""
     from benchmarks.rft_memory import measure, model_config
 
     vocab = 65_536
-    peaks = measure([1024, 2048, 4096], model_config("qwen3", vocab, 128, 2), {"mlp_chunk": 256, "loss_chunk": 128})
+    peaks = measure([1024, 2048, 4096], model_config("qwen3", vocab, 256, 2), {"mlp_chunk": 256, "loss_chunk": 128})
     per_token = (peaks[4096] - peaks[1024]) / 3072
-    assert per_token < vocab * 4 / 8, peaks  # less than an eighth of one logits row per token (measured: ~3%)
+    assert per_token < vocab * 4 / 8, peaks  # less than an eighth of one logits row per token (measured: ~2%)
     first, second = peaks[2048] - peaks[1024], peaks[4096] - peaks[2048]
     assert 1.4 <= second / first <= 2.6, peaks  # linear: 2 (a quadratic term would push it towards 4)
+
+
+def test_the_gpu_checks_extrapolation_adds_the_other_layers_weights_and_lora_state():
+    """benchmarks/rft_memory.extrapolate, which .ci/gpu-checks uses to carry a 4-layer measurement to 64 layers: 60
+    more layers of bf16 weights (the 27B's 26.90B parameters less its two 248,320 x 5,120 embeddings, over 64) and of
+    LoRA state (233.5M parameters x 16 bytes, over 64)."""
+    from benchmarks.rft_memory import extrapolate, model_config
+
+    four = model_config("27b", 248_320, 0, 4)
+    assert extrapolate(123, four, 4) == 123
+    layers = 26_895_998_464 - 2 * 248_320 * 5_120 - 5_120  # less the embeddings and the final norm
+    assert extrapolate(0, four, 64) == pytest.approx(60 / 64 * (2 * layers + 16 * 233_455_616), rel=1e-6)
