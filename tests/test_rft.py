@@ -271,3 +271,31 @@ def test_the_gpu_checks_extrapolation_adds_the_other_layers_weights_and_lora_sta
     assert extrapolate(123, four, 4) == 123
     layers = 26_895_998_464 - 2 * 248_320 * 5_120 - 5_120  # less the embeddings and the final norm
     assert extrapolate(0, four, 64) == pytest.approx(60 / 64 * (2 * layers + 16 * 233_455_616), rel=1e-6)
+
+
+def test_offload_takes_each_checkpointed_layer_input(monkeypatch):
+    """With re-entrant checkpointing what autograd keeps of the forward is each layer's input (64 x 81,920 x 5,120
+    bf16 = 50 GiB on the 27B): under the plan's offload every one of them goes through torch's save_on_cpu."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from build.tiny import make_config
+
+    saved = []
+
+    class Recording(torch.autograd.graph.save_on_cpu):
+        def __init__(self, pin_memory=False):
+            super().__init__(pin_memory)
+            pack = self.pack_hook
+            self.pack_hook = lambda tensor: (saved.append(tuple(tensor.shape)), pack(tensor))[1]
+
+    monkeypatch.setattr(torch.autograd.graph, "save_on_cpu", Recording)
+    model = AutoModelForCausalLM.from_config(make_config("qwen3", 1024, 1, 2))
+    peft = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj", "v_proj"])).train()
+    peft.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    peft.enable_input_require_grads()
+    ids = torch.randint(0, 1024, (1, 300))
+    loss = row_loss(peft, ids, ids, MemoryPlan(reentrant=True, offload=True, pin_memory=False, mlp_chunk=0,
+                                               loss_chunk=128))
+    loss.backward()
+    assert saved.count((1, 300, model.config.hidden_size)) >= model.config.num_hidden_layers, saved
