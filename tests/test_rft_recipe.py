@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from training.dataset import IGNORE, Row, grid_part, grid_target
-from training.rft import TrainConfig, load_config, token_weights, within_length
+from training.memory import memory_plan, spans
+from training.rft import (TARGETS, TrainConfig, load_config, resolve_dtype, resolve_targets, token_weights,
+                          within_length)
 
 CUE = ("\n\nThe transformation as a self-contained Python function:\n```python\ndef transform(grid):\n"
        "    return grid\n```")
@@ -55,7 +57,8 @@ def test_rows_over_the_limit_are_dropped_and_counted():
 def test_defaults_are_the_study_recipe(tmp_path):
     config = TrainConfig("b", "r", "o")
     assert (config.max_length, config.weight_decay, config.kv_scales) == (81_920, 0.0, True)
-    assert "in_proj_qkvz" in config.targets and "q_proj" in config.targets
+    assert len(config.targets) == 12 and "in_proj_qkv" in config.targets and "q_proj" in config.targets
+    assert (config.mlp_chunk, config.loss_chunk, config.offload_activations, config.dtype) == (8192, 2048, True, "auto")
     with pytest.raises(ValueError, match="calibration_tasks"):
         TrainConfig("b", "r", "o", recipe="build/recipes/dense-27b-4xL4.toml")
     assert TrainConfig("b", "r", "o", recipe="x.toml", kv_scales=False).recipe == "x.toml"
@@ -65,3 +68,47 @@ def test_defaults_are_the_study_recipe(tmp_path):
     path.write_text('base = "b"\nrows = "r"\nout = "o"\nrecipe = "x.toml"\n')
     with pytest.raises(ValueError, match="rft.toml: recipe: .*calibration_tasks"):
         load_config(path)
+
+
+def test_the_shipped_config_is_the_study_recipe():
+    """training/rft.toml (seed ~1966-1971, ~4428-4438): what loading it yields, every value spelled out."""
+    config = load_config("training/rft.toml")
+    assert (config.rank, config.alpha, config.dropout, config.lr, config.weight_decay, config.warmup, config.clip,
+            config.epochs, config.grad_accum, config.max_length) == (32, 32, 0.0, 1e-4, 0.0, 0.05, 1.0, 1, 8, 81_920)
+    assert config.targets == TARGETS and len(set(config.targets)) == 12
+    assert (config.gradient_checkpointing, config.offload_activations, config.mlp_chunk, config.loss_chunk) == \
+        (True, True, 8192, 2048)
+    assert resolve_dtype(config.dtype, "cuda") == "bfloat16" and resolve_dtype(config.dtype, "cpu") == "float32"
+    assert resolve_dtype("float32", "cuda") == "float32"
+
+
+def test_bad_memory_settings_name_the_file_and_field(tmp_path):
+    path = tmp_path / "rft.toml"
+    path.write_text('base = "b"\nrows = "r"\nout = "o"\nloss_chunk = -1\n')
+    with pytest.raises(ValueError, match="rft.toml: loss_chunk must be a whole number"):
+        load_config(path)
+    path.write_text('base = "b"\nrows = "r"\nout = "o"\ndtype = "bf16"\n')
+    with pytest.raises(ValueError, match="rft.toml: dtype must be"):
+        load_config(path)
+
+
+def test_fused_projections_are_mapped_only_whole():
+    qwen3_5 = {"q_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"}
+    qwen3_next = {"q_proj", "in_proj_qkvz", "in_proj_ba", "out_proj"}
+    linear = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
+    assert resolve_targets(linear, qwen3_5) == list(linear)
+    assert resolve_targets(linear, qwen3_next) == ["in_proj_qkvz", "in_proj_ba", "out_proj"]
+    assert resolve_targets(("in_proj_qkvz", "q_proj"), qwen3_next) == ["in_proj_qkvz", "q_proj"]
+    with pytest.raises(ValueError, match="in_proj_qkv: the model fuses it with in_proj_qkv and in_proj_z"):
+        resolve_targets(("in_proj_qkv", "q_proj"), qwen3_next)  # adapting the fused layer would adapt z as well
+    with pytest.raises(ValueError, match="in_proj_qkvz match no Linear"):
+        resolve_targets(("in_proj_qkvz",), qwen3_5)
+
+
+def test_memory_plan_and_slices():
+    assert spans(700, 128)[-1] == (640, 700) and len(spans(700, 128)) == 6 and spans(5, 0) == [(0, 5)]
+    on_gpu = memory_plan(True, True, 8192, 2048, "peft", "cuda:0")
+    assert (on_gpu.reentrant, on_gpu.offload, on_gpu.pin_memory) == (True, True, True)
+    assert memory_plan(True, True, 8192, 2048, "peft", "cpu").pin_memory is False  # a CPU-only torch cannot pin
+    unsloth = memory_plan(True, True, 8192, 2048, "unsloth", "cuda")  # its checkpointing offloads already
+    assert (unsloth.offload, unsloth.mlp_chunk, unsloth.loss_chunk) == (False, 8192, 2048)

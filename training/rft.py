@@ -4,11 +4,14 @@
     python -m training.rft --config training/rft.toml --merge  # merge the adapter, patch, optionally quantise
 
 Rows come from training.dataset (prompt ids exactly as at inference, masked; completion supervised: RFT v1's thinking
-+ grid by default). SPEC section 9: LoRA rank 32, alpha 32, dropout 0, on the attention q/k/v/o, the
-linear-attention in/out projections and the MLP gate/up/down (`targets`: each must name a Linear module of the model,
-or training refuses to start, so a name that does not fit the architecture is never skipped in silence); AdamW lr
-1e-4 with no weight decay, 5% warm-up, cosine, clip 1.0, one epoch, micro-batch 1, no packing (packing leaks
-linear-attention state), gradient accumulation 8, gradient checkpointing. The loss is the token mean over the
++ grid by default). training/rft.toml is the study's RFT v1 recipe (SPEC section 9, seed ~1966-1971, ~4428-4441), the
+defaults here: LoRA rank 32, alpha 32, dropout 0, on the attention q/k/v/o, the linear-attention in/out projections
+and the MLP gate/up/down (`targets`, the study's twelve names; Qwen3-Next's fused pairs are mapped (FUSED); each must
+name a Linear module of the model, or training refuses to start, so a name that does not fit the architecture is never
+skipped in silence); AdamW lr 1e-4 with no weight decay, 5% warm-up, cosine, clip 1.0, one epoch, micro-batch 1, no
+packing (packing leaks linear-attention state), gradient accumulation 8, bfloat16 on a GPU, and the study's memory
+techniques for 81,920-token rows (training.memory: re-entrant gradient checkpointing, activations offloaded to host
+memory, MLPs over 8,192 positions at a time, cross-entropy over 2,048). The loss is the token mean over the
 supervised tokens of an optimiser step's rows (a long trace weighs by its tokens, not as one row); rows longer than
 `max_length` (81,920) are dropped, counted and reported (stderr and `data.json`). The merge re-quantises with the
 recipe and, by default, recomputes the FP8 KV-cache scales on `calibration_tasks`. Plain PEFT + torch: the loop is
@@ -32,10 +35,15 @@ from pathlib import Path
 from submission.progress import ProgressLine
 from training.corpus.mix import CorpusMix, from_table
 from training.dataset import read_rows
+from training.memory import chunk_mlps, memory_plan, row_loss
 
-# SPEC 9's targets, named as in Qwen3-Next (attention, linear attention, MLP); another architecture lists its own.
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkvz", "in_proj_ba", "out_proj", "gate_proj", "up_proj",
-           "down_proj")
+# The study's twelve projection types (seed ~1966-1971, ~4428: 496 modules of the hybrid 27B, 16 full-attention and
+# 48 linear-attention layers: 16 x 4 + 48 x 5 + 64 x 3), named as in transformers' Qwen3.5 layers. Qwen3-Next fuses
+# two pairs of them (FUSED); another architecture lists its own.
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj",
+           "gate_proj", "up_proj", "down_proj")
+# a fused Linear and the study's projections it holds: adapting it adapts both, so both must be targeted
+FUSED = {"in_proj_qkvz": ("in_proj_qkv", "in_proj_z"), "in_proj_ba": ("in_proj_b", "in_proj_a")}
 
 
 @dataclass(frozen=True)
@@ -54,10 +62,13 @@ class TrainConfig:
     grad_accum: int = 8
     max_length: int = 81_920  # longer rows are dropped and counted
     targets: tuple[str, ...] = TARGETS  # LoRA target module names; every one must exist in the model
-    gradient_checkpointing: bool = True
+    gradient_checkpointing: bool = True  # re-entrant, as the study's (seed ~4436)
+    offload_activations: bool = True  # what checkpointing saves waits in host memory (training.memory)
+    mlp_chunk: int = 8_192  # positions per MLP slice (0 = whole rows); seed ~4437
+    loss_chunk: int = 2_048  # positions per cross-entropy slice (0 = the model's loss over full logits); seed ~4438
     checkpoint_every: int = 50  # optimiser steps
     seed: int = 0
-    dtype: str = "float32"  # bfloat16 on a GPU
+    dtype: str = "auto"  # "auto" = bfloat16 on a GPU, float32 on the CPU; or a torch dtype name
     recipe: str = ""  # build/ quantisation recipe applied after merging ("" = none)
     calibration_tasks: str = ""  # ARC tasks whose prompts recompute the KV-cache (and static input) scales
     kv_scales: bool = True  # with a recipe: recompute the FP8 KV-cache scales after re-quantising (needs tasks)
@@ -70,6 +81,12 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.backend not in ("peft", "unsloth"):
             raise ValueError(f"backend must be peft or unsloth, not {self.backend!r}")
+        if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
+            raise ValueError(f"dtype must be auto, bfloat16, float16 or float32, not {self.dtype!r}")
+        for name in ("mlp_chunk", "loss_chunk"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be a whole number of positions >= 0 (0 = no chunking), not "
+                                 f"{getattr(self, name)!r}")
         if self.recipe and self.kv_scales and not self.calibration_tasks:
             raise ValueError("recipe: re-quantising recomputes the KV-cache scales on calibration_tasks; set them, or "
                              "kv_scales = false to keep none")
@@ -93,15 +110,33 @@ def load_config(path: str | Path) -> TrainConfig:
 
 
 def target_modules(model, targets: tuple[str, ...] = TARGETS) -> list[str]:
-    """`targets`, each checked against the model's Linear module names: one that matches nothing is refused."""
+    """`targets` as the model's Linear module names (training.rft.resolve_targets): one that matches nothing is
+    refused."""
     import torch
 
-    present = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    missing = [t for t in targets if t not in present]
+    return resolve_targets(targets, {name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+                                     if isinstance(m, torch.nn.Linear)})
+
+
+def resolve_targets(targets: tuple[str, ...], present: set[str]) -> list[str]:
+    """The module names PEFT adapts for `targets` on a model whose Linear layers are named `present`: each target
+    as it is, or, where the model fuses it with its partner (FUSED), the fused layer, once. Refused: a target that
+    matches nothing, and half of a fused pair (adapting the fused layer would adapt the other half too). Pure."""
+    fused_of = {part: fused for fused, parts in FUSED.items() if fused in present for part in parts}
+    resolved, missing = [], []
+    for target in targets:
+        name = target if target in present else fused_of.get(target)
+        if name is None:
+            missing.append(target)
+        elif name != target and not set(FUSED[name]) <= set(targets):
+            raise ValueError(f"LoRA target {target}: the model fuses it with {' and '.join(FUSED[name])} as {name}; "
+                             f"target all of them or {name}")
+        elif name not in resolved:
+            resolved.append(name)
     if missing:
         raise ValueError(f"LoRA target(s) {', '.join(missing)} match no Linear module of the model (its Linear "
                          f"names: {', '.join(sorted(present))}); set targets in the training config")
-    return list(targets)
+    return resolved
 
 
 def within_length(rows: list, max_length: int) -> tuple[list, int]:
@@ -119,6 +154,14 @@ def token_weights(rows: list) -> list[float]:
     if not total:
         raise ValueError("no supervised tokens in the step's rows")
     return [c / total for c in counts]
+
+
+def resolve_dtype(requested: str, device: str) -> str:
+    """"auto": bfloat16 on a GPU (as the study trained), float32 on the CPU (bf16 matmuls there are slow and
+    coarse). Pure."""
+    if requested != "auto":
+        return requested
+    return "bfloat16" if device.startswith("cuda") else "float32"
 
 
 def resolve_device(requested: str) -> str:
@@ -158,12 +201,15 @@ def train(config: TrainConfig, progress=None) -> list[float]:
     device = resolve_device(config.device)
     checkpoint = out / "checkpoint"
     resume = (checkpoint / "state.pt").exists()
+    dtype = getattr(torch, resolve_dtype(config.dtype, device))
+    plan = memory_plan(config.gradient_checkpointing, config.offload_activations, config.mlp_chunk, config.loss_chunk,
+                       config.backend, device)
     if config.backend == "unsloth":
-        model = _unsloth_model(config, resume, checkpoint, device)
+        model = _unsloth_model(config, resume, checkpoint, device, dtype)
     else:
-        model = AutoModelForCausalLM.from_pretrained(config.base, dtype=getattr(torch, config.dtype)).to(device)
+        model = AutoModelForCausalLM.from_pretrained(config.base, dtype=dtype).to(device)
         if config.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": plan.reentrant})
             model.enable_input_require_grads()
         if resume:
             model = PeftModel.from_pretrained(model, checkpoint, is_trainable=True)
@@ -172,6 +218,8 @@ def train(config: TrainConfig, progress=None) -> list[float]:
                                                      lora_dropout=config.dropout,
                                                      target_modules=target_modules(model, config.targets),
                                                      task_type="CAUSAL_LM"))
+    if plan.mlp_chunk:
+        chunk_mlps(model, plan.mlp_chunk)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
                                   weight_decay=config.weight_decay)
     order = [i for _ in range(config.epochs) for i in random.Random(config.seed).sample(range(len(rows)), len(rows))]
@@ -190,8 +238,8 @@ def train(config: TrainConfig, progress=None) -> list[float]:
         weights = token_weights([rows[i] for i in batch])
         for index, weight in zip(batch, weights):  # micro-batch 1, no packing; the row's mean loss, token-weighted
             row = rows[index]
-            loss = model(input_ids=torch.tensor([row.input_ids], device=device),
-                         labels=torch.tensor([row.labels], device=device)).loss
+            loss = row_loss(model, torch.tensor([row.input_ids], device=device),
+                            torch.tensor([row.labels], device=device), plan)
             (loss * weight).backward()
             running += loss.item() * weight
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], config.clip)
@@ -210,14 +258,14 @@ def train(config: TrainConfig, progress=None) -> list[float]:
     return losses
 
 
-def _unsloth_model(config: TrainConfig, resume: bool, checkpoint: Path, device: str):
-    """The same LoRA through unsloth (its kernels and gradient checkpointing), from the same config."""
-    import torch
+def _unsloth_model(config: TrainConfig, resume: bool, checkpoint: Path, device: str, dtype):
+    """The same LoRA through unsloth (its kernels and gradient checkpointing, which offloads to host memory itself),
+    from the same config."""
     from unsloth import FastLanguageModel
 
     gc = "unsloth" if config.gradient_checkpointing else False
     model, _ = FastLanguageModel.from_pretrained(model_name=config.base, max_seq_length=config.max_length,
-                                                 dtype=getattr(torch, config.dtype), load_in_4bit=False,
+                                                 dtype=dtype, load_in_4bit=False,
                                                  use_gradient_checkpointing=gc, device_map=device)
     if resume:
         from peft import PeftModel
