@@ -173,8 +173,8 @@ def test_a_grid_profile_value_fails_and_its_defaults_are_rows(tmp_path):
 
 
 def test_the_rft_table_checks_a_training_config(tmp_path):
-    """RFT v1's table against a training config written from the table itself: only the targets' departure (today's
-    fused names) is then stale; a changed learning rate fails."""
+    """RFT v1's table against a training config written from the table itself: it agrees; a changed learning rate or
+    loss slice fails."""
     table = load_table(TABLES / "rft-v1.toml")
     lines, corpus = [], []
     for row in table.rows:
@@ -184,9 +184,10 @@ def test_the_rft_table_checks_a_training_config(tmp_path):
     config = tmp_path / "rft.toml"
     config.write_text("\n".join(lines + ["[corpus]"] + corpus) + "\n")
     table = dataclasses.replace(table, config=str(config))
-    assert check(table) == ["rft-v1.toml: train.targets: matches the study ([\"q_proj\", \"k_proj\", \"v_proj\", "
-                            "\"o_proj\", \"in_proj_qkv\", \"in_proj_z\", \"in_proj_b\", \"in_proj_a\", \"out_proj\", "
-                            "\"gate_proj\", \"up_proj\", \"down_proj\"]) but keeps a departure: remove it"]
+    assert check(table) == []
+    config.write_text(config.read_text().replace("loss_chunk = 2048", "loss_chunk = 4096"))
+    assert check(table) == [
+        "rft-v1.toml: train.loss_chunk: the study has 2048, the run 4096, and the row gives no departure"]
     config.write_text(config.read_text().replace("lr = 0.0001", "lr = 0.0002"))
     assert "rft-v1.toml: train.lr: the study has 0.0001, the run 0.0002, and the row gives no departure" in check(table)
 
