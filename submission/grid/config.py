@@ -1,7 +1,7 @@
 """Grid-line profiles: one TOML file (profiles/grid-*.toml) with `line = "grid"`, validated like every profile.
 
     line = "grid"
-    [model]    checkpoint (made by build.grid_vocab), dtype           (ModelConfig)
+    [model]    checkpoint (made by build.grid_vocab), dtype, format   (ModelConfig)
     [ttt]      per-task test-time training                             (submission.grid.ttt.TTTConfig)
     [search]   views, cut-off and time per batch of the search         (SearchConfig)
     [rescore]  fresh views for the rescoring                           (RescoreConfig)
@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from submission.config import _build, _toml_value, read_profile
+from submission.grid.format import LAYOUTS
 from submission.grid.ttt import TTTConfig
 
 
@@ -24,6 +25,13 @@ from submission.grid.ttt import TTTConfig
 class ModelConfig:
     path: str = ""  # checkpoint folder; --model overrides it
     dtype: str = "bfloat16"
+    # the grid layout the checkpoint was trained on (submission.grid.format.LAYOUTS): "kit16", build.grid_vocab's
+    # cut; "nvarc", NVARC's published Qwen3 4B. Its token ids are read from the checkpoint's tokenizer at load.
+    format: str = "kit16"
+
+    def __post_init__(self) -> None:
+        if self.format not in LAYOUTS:
+            raise ValueError(f"model.format must be one of {', '.join(LAYOUTS)}, not {self.format!r}")
 
 
 @dataclass(frozen=True)

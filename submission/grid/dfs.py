@@ -25,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-from submission.grid.format import EOS, GridState
+from submission.grid.format import KIT16, GridFormat, GridState
 from submission.grids import MAX_SIDE
 
 
@@ -59,7 +59,7 @@ class BatchStepper(Protocol):
 
 @dataclass(frozen=True)
 class Found:
-    tokens: tuple[int, ...]  # the answer, <eos> included
+    tokens: tuple[int, ...]  # the answer, its end token included
     logp: float  # float32 log-probability under the legal-token distribution
 
 
@@ -77,12 +77,13 @@ def _legal_logp(logp: np.ndarray, legal: tuple[int, ...]) -> np.ndarray:
 
 
 def search(stepper: Stepper, prompt: Sequence[int], cutoff: float, max_side: int = MAX_SIDE,
-           deadline: float = math.inf, clock: Callable[[], float] = lambda: 0.0) -> SearchResult:
+           deadline: float = math.inf, clock: Callable[[], float] = lambda: 0.0,
+           fmt: GridFormat = KIT16) -> SearchResult:
     """Every legal answer after `prompt` with probability >= cutoff, most probable first."""
     floor = _floor(cutoff)
     if clock() > deadline:
         return SearchResult((), False, 0)
-    walk = _Walk(stepper.prefill(prompt), stepper.length, floor, max_side)
+    walk = _Walk(stepper.prefill(prompt), stepper.length, floor, max_side, fmt)
     while (move := walk.next()) is not None:
         if clock() > deadline:
             return walk.result(False)
@@ -94,7 +95,8 @@ def search(stepper: Stepper, prompt: Sequence[int], cutoff: float, max_side: int
 
 
 def search_batch(stepper: BatchStepper, prompts: Sequence[Sequence[int]], cutoff: float, max_side: int = MAX_SIDE,
-                 deadline: float = math.inf, clock: Callable[[], float] = lambda: 0.0) -> list[SearchResult]:
+                 deadline: float = math.inf, clock: Callable[[], float] = lambda: 0.0,
+                 fmt: GridFormat = KIT16) -> list[SearchResult]:
     """`search` for several prompts (the views of one test input) in lockstep: each model call advances every view
     whose walk is not done by one token. Each view walks its tree in the order `search` does, so a search that
     finishes finds what `search` finds (up to float rounding between batched and single model calls); at the
@@ -102,7 +104,7 @@ def search_batch(stepper: BatchStepper, prompts: Sequence[Sequence[int]], cutoff
     floor = _floor(cutoff)
     if clock() > deadline:
         return [SearchResult((), False, 0) for _ in prompts]
-    walks = [_Walk(logp, len(prompt), floor, max_side) for logp, prompt in zip(stepper.prefill(prompts), prompts)]
+    walks = [_Walk(logp, len(prompt), floor, max_side, fmt) for logp, prompt in zip(stepper.prefill(prompts), prompts)]
     live = list(range(len(walks)))
     while True:
         moves = []
@@ -130,9 +132,10 @@ class _Walk:
     or several in lockstep (`search_batch`) walk the same tree in the same order. A stack frame: grammar state, the
     children still to try (token, cumulative logp), the cache length at this node, the tokens so far."""
 
-    def __init__(self, root_logp: np.ndarray, base: int, floor: np.float32, max_side: int) -> None:
-        self.floor, self.max_side = floor, max_side
-        self.stack = [(GridState(), _children(GridState(), root_logp, np.float32(0), floor, max_side), base, ())]
+    def __init__(self, root_logp: np.ndarray, base: int, floor: np.float32, max_side: int, fmt: GridFormat) -> None:
+        self.floor, self.max_side, self.fmt = floor, max_side, fmt
+        self.stack = [(GridState(), _children(GridState(), root_logp, np.float32(0), floor, max_side, fmt), base,
+                       ())]
         self.found: list[Found] = []
         self.steps = 0
         self.pending: tuple | None = None
@@ -146,8 +149,8 @@ class _Walk:
                 self.stack.pop()
                 continue
             token, score = children.pop()
-            if token == EOS:
-                self.found.append(Found((*tokens, EOS), float(score)))
+            if token == self.fmt.eos:
+                self.found.append(Found((*tokens, token), float(score)))
                 continue
             self.pending = (state, token, score, length, tokens)
             return token, length
@@ -157,8 +160,8 @@ class _Walk:
         """The model's next-token log-probabilities after the token `next` gave."""
         state, token, score, length, tokens = self.pending
         self.steps += 1
-        child = state.advance(token)
-        self.stack.append((child, _children(child, logp, score, self.floor, self.max_side), length + 1,
+        child = state.advance(token, self.fmt)
+        self.stack.append((child, _children(child, logp, score, self.floor, self.max_side, self.fmt), length + 1,
                            (*tokens, token)))
 
     def result(self, complete: bool) -> SearchResult:
@@ -166,9 +169,9 @@ class _Walk:
 
 
 def _children(state: GridState, logp: np.ndarray, score: np.float32, floor: np.float32,
-              max_side: int) -> list[tuple[int, np.float32]]:
+              max_side: int, fmt: GridFormat) -> list[tuple[int, np.float32]]:
     """The children above the cut-off, least probable first (the stack pops the most probable first)."""
-    legal = state.legal(max_side)
+    legal = state.legal(max_side, fmt)
     if not legal:
         return []
     scores = (score + _legal_logp(logp, legal)).astype(np.float32)
@@ -178,21 +181,21 @@ def _children(state: GridState, logp: np.ndarray, score: np.float32, floor: np.f
 
 
 def greedy(stepper: Stepper, prompt: Sequence[int], max_side: int = MAX_SIDE, deadline: float = math.inf,
-           clock: Callable[[], float] = lambda: 0.0) -> Found | None:
+           clock: Callable[[], float] = lambda: 0.0, fmt: GridFormat = KIT16) -> Found | None:
     """The most probable legal token at every step: the fallback when no answer clears the cut-off. None if the
     deadline comes first."""
     if clock() > deadline:
         return None
     logp, state, tokens, score = stepper.prefill(prompt), GridState(), [], np.float32(0)
     while True:
-        legal = state.legal(max_side)
+        legal = state.legal(max_side, fmt)
         scores = _legal_logp(logp, legal)
         best = int(np.argmax(scores))
         token, score = legal[best], np.float32(score + scores[best])
         tokens.append(token)
-        if token == EOS:
+        if token == fmt.eos:
             return Found(tuple(tokens), float(score))
         if clock() > deadline:
             return None
         logp = stepper.push(token)
-        state = state.advance(token)
+        state = state.advance(token, fmt)

@@ -27,6 +27,7 @@ from pathlib import Path
 from submission.answers import render_submission
 from submission.config import ProfileError
 from submission.grid.config import GridProfile, load_grid_profile
+from submission.grid.format import FormatError, read_format
 from submission.score import score
 from submission.tasks import LoadError
 
@@ -68,6 +69,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not profile.model.path:
         print(f"error: profile {profile.name}: model.path is empty; pass --model DIR", file=sys.stderr)
+        return 2
+    try:  # the checkpoint's tokenizer must write this format: refused here, before any worker loads weights
+        read_format(profile.model.path, profile.model.format)
+    except FormatError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
     if refuse_old_log(args):
         return 2

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from submission.grid.format import encode, grid_ids
+from submission.grid.format import KIT16, GridFormat, answer_ids, encode
 from submission.grids import EMPTY_ANSWER, Grid, to_grid, to_json
 from submission.tasks import Task
 from submission.views import IDENTITY_COLOURS, View, colour_permutation
@@ -78,7 +78,7 @@ NLLs = Callable[[Sequence[tuple[Sequence[int], int]]], Sequence[float]]
 
 def rescore(task: Task, test_index: int, hits: dict[Grid, int], views: Sequence[View], nlls: NLLs,
             max_len: int, deadline: float = math.inf, clock: Callable[[], float] = lambda: 0.0,
-            batch: int = 1) -> list[Candidate]:
+            batch: int = 1, fmt: GridFormat = KIT16) -> list[Candidate]:
     """Each found grid with its hits and its mean NLL under `views`, best first. Whole views at a time, every
     candidate in each: as many views per model call as `batch` sequences hold (at least one view; batch 1 = one
     sequence per call). The deadline is checked before each call; at the deadline the views finished so far are
@@ -95,8 +95,8 @@ def rescore(task: Task, test_index: int, hits: dict[Grid, int], views: Sequence[
             shown = view.apply(task)
             for grid in grids:
                 answer = view.apply_grid(grid)
-                encoded = encode(shown.train, shown.test_inputs[test_index], answer, max_len)
-                items.append((encoded.ids, len(grid_ids(answer)) + 1))
+                encoded = encode(shown.train, shown.test_inputs[test_index], answer, max_len, fmt)
+                items.append((encoded.ids, len(answer_ids(answer, fmt))))
         scores = []
         for start in range(0, len(items), max(batch, 1)):
             if clock() >= deadline:

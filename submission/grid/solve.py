@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from submission.grid.config import GridProfile
 from submission.grid.dfs import greedy, search, search_batch
-from submission.grid.format import decode_grid, encode
+from submission.grid.format import KIT16, GridFormat, decode_grid, encode
 from submission.grid.rescore import Candidate, rank, rescore, rescoring_views, search_views
 from submission.grid.ttt import Adapter, training_sequences
 from submission.tasks import Task
@@ -42,13 +42,15 @@ class TaskOutcome:
 
 
 def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int, time_limit: float,
-               clock: Callable[[], float] = time.monotonic) -> TaskOutcome:
+               clock: Callable[[], float] = time.monotonic, fmt: GridFormat = KIT16) -> TaskOutcome:
+    """`fmt`: the checkpoint's format (read_format of profile.model), which every prompt, training sequence, search
+    and rescoring goes through."""
     from submission.grid.model import HFBatchStepper, HFStepper, answer_nlls  # torch: only in the worker processes
 
     start = clock()
     deadline = start + time_limit
     seed = profile.rescore.seed
-    sequences = training_sequences(task, profile.ttt, max_len, seed)
+    sequences = training_sequences(task, profile.ttt, max_len, seed, fmt)
     adapter.reset()
     report = adapter.train(sequences, start + profile.ttt.share * time_limit, clock)
     model = adapter.model
@@ -66,7 +68,7 @@ def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int,
         for first in range(0, len(views), size):
             batch_deadline = min(clock() + profile.search.batch_s, search_deadline)
             batch = views[first:first + size]
-            prompts = [encode(shown.train, shown.test_inputs[index], max_len=prompt_len).ids
+            prompts = [encode(shown.train, shown.test_inputs[index], max_len=prompt_len, fmt=fmt).ids
                        for shown in (view.apply(task) for view in batch)]
             if profile.search.dfs_batch == 1 and profile.search.preload and clock() < search_deadline:
                 stepper.preload(prompts)  # the batch's prompts in one model call
@@ -77,26 +79,27 @@ def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int,
                     break
                 if group == 1:
                     results = [search(stepper, prompts[at], profile.search.cutoff, profile.search.max_side,
-                                      batch_deadline, clock)]
+                                      batch_deadline, clock, fmt)]
                 else:  # a fresh stepper per group: the last group's cache is freed before this one's prefill
                     results = search_batch(HFBatchStepper(model, profile.search.preload), prompts[at:at + group],
-                                           profile.search.cutoff, profile.search.max_side, batch_deadline, clock)
+                                           profile.search.cutoff, profile.search.max_side, batch_deadline, clock,
+                                           fmt)
                 for view, result in zip(batch[at:at + group], results):
                     steps += result.steps
                     complete &= result.complete
                     for found in result.found:  # the grammar admits only grids: decoding cannot fail
-                        hits[view.invert_grid(decode_grid(found.tokens))] += 1
+                        hits[view.invert_grid(decode_grid(found.tokens, fmt))] += 1
         stepper.forget()
         if not hits and clock() < input_deadline:  # nothing cleared the cut-off anywhere: the greedy answer
-            prompt = encode(task.train, task.test_inputs[index], max_len=prompt_len).ids
-            fallback = greedy(stepper, prompt, profile.search.max_side, input_deadline, clock)
+            prompt = encode(task.train, task.test_inputs[index], max_len=prompt_len, fmt=fmt).ids
+            fallback = greedy(stepper, prompt, profile.search.max_side, input_deadline, clock, fmt)
             if fallback is not None:
-                hits[decode_grid(fallback.tokens)] = 0
+                hits[decode_grid(fallback.tokens, fmt)] = 0
         t1 = clock()
         stage["search"] += t1 - t0
         views = rescoring_views(task, profile.rescore.views, seed)
         candidates = rescore(task, index, dict(hits), views, lambda items: answer_nlls(model, items), max_len,
-                             input_deadline, clock, profile.rescore.batch)
+                             input_deadline, clock, profile.rescore.batch, fmt)
         stage["rescore"] += clock() - t1
         out.append(tuple(rank(candidates)))
     return TaskOutcome(task.id, tuple(out), dict(stage), report.steps, report.planned, report.losses, steps,

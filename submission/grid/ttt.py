@@ -18,7 +18,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from submission.grid.format import Encoded, encode
+from submission.grid.format import KIT16, Encoded, GridFormat, encode
 from submission.tasks import Task
 
 
@@ -45,7 +45,8 @@ class TTTConfig:
             raise ValueError("ttt.share must be in [0, 1] and ttt.warmup in [0, 1)")
 
 
-def training_sequences(task: Task, config: TTTConfig, max_len: int, seed: int = 0) -> list[Encoded]:
+def training_sequences(task: Task, config: TTTConfig, max_len: int, seed: int = 0,
+                       fmt: GridFormat = KIT16) -> list[Encoded]:
     """`config.sequences` augmented copies of the demonstrations, the transforms interleaved so that a short list
     still covers all dihedral transforms; deterministic per task and seed."""
     from submission.views import View, colour_permutation  # numpy: not for a profile's TTTConfig (issue 27)
@@ -56,7 +57,7 @@ def training_sequences(task: Task, config: TTTConfig, max_len: int, seed: int = 
         order = list(range(len(task.train)))
         rng.shuffle(order)
         view = View(i % config.dihedrals, colour_permutation(rng, keep_zero=False), tuple(order))
-        out.append(encode(view.apply(task).train, max_len=max_len))
+        out.append(encode(view.apply(task).train, max_len=max_len, fmt=fmt))
     return [e for e in out if e.shown > 0]
 
 

@@ -46,6 +46,7 @@ def worker_main(worker: int, profile: GridProfile, inbox, report: Connection) ->
     """A worker process: load once, then solve tasks from `inbox` until told to stop (None) or orphaned."""
     import torch
 
+    from submission.grid.format import read_format
     from submission.grid.model import load_model
     from submission.grid.solve import solve_task
     from submission.grid.ttt import Adapter
@@ -61,6 +62,7 @@ def worker_main(worker: int, profile: GridProfile, inbox, report: Connection) ->
     parent = os.getppid()
     device = profile.run.devices[worker]
     try:
+        fmt = read_format(profile.model.path, profile.model.format)  # before the weights: a bad tokenizer costs nothing
         adapter = Adapter(load_model(profile.model.path, profile.model.dtype, device), profile.ttt)
     except Exception as err:  # noqa: BLE001 - reported, then the worker is gone
         send("dead", None, f"{type(err).__name__}: {err}")
@@ -78,7 +80,7 @@ def worker_main(worker: int, profile: GridProfile, inbox, report: Connection) ->
         task, limit = message
         send("started", task.id, None)
         try:
-            send("done", task.id, solve_task(adapter, task, profile, profile.run.context(worker), limit))
+            send("done", task.id, solve_task(adapter, task, profile, profile.run.context(worker), limit, fmt=fmt))
         except Exception as err:  # noqa: BLE001 - one task's failure is reported, the worker goes on
             send("failed", task.id, f"{type(err).__name__}: {err}")
 
