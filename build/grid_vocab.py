@@ -9,7 +9,8 @@ tied head stays tied. If the head row of a token is all zero (build.patch_eot ze
 thinking is not cut short), the grid model would never end a grid, so that row is taken from the token's embedding
 instead and the output's grid_vocab.json says so. The output gets a matching tokenizer (one token per character,
 the three markers as special tokens), a config with vocab_size 16 and the new special ids, and grid_vocab.json
-recording which source ids were kept.
+recording which source ids were kept. The cut writes the `kit16` format (submission/grid/format.py); a checkpoint
+already cut to another format (NVARC's published 4B: `nvarc`) needs no cut, only its format named in the profile.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ def source_ids(tokenizer) -> list[int]:
         else:
             found = tokenizer.encode(text, add_special_tokens=False)
         if len(found) != 1:
-            raise ValueError(f"source tokenizer: token {text!r} is {found}, not one id")
+            hint = (f" (a {len(tokenizer)}-token tokenizer is a grid cut already: NVARC's published 4B, say, runs as "
+                    "it is with model.format = \"nvarc\" in the grid profile)" if len(tokenizer) <= 64 else "")
+            raise ValueError(f"source tokenizer: token {text!r} is {found}, not one id{hint}")
         ids.append(found[0])
     return ids
 
