@@ -98,13 +98,17 @@ dry-run: engine-env
 	    --log $(DRY_OUT)/attempts.jsonl
 
 # The grid line end to end on CPU: a tiny random-weight Qwen3 cut to 16 tokens, two worker processes, 10 ARC-AGI-2
-# evaluation tasks under a 5-minute deadline (README: the grid line).
+# evaluation tasks under a 5-minute deadline (README: the grid line). GRID_FORMAT=nvarc gives the cut NVARC's
+# published tokenizer files (tests/nvarc_tokenizer) in place of the kit's and runs it through the nvarc format.
+GRID_FORMAT ?= kit16
 grid-dry-run: build-env
 	rm -rf $(OUT)/grid-dry-run
 	$(BPY) -m build.tiny --arch qwen3 --out $(OUT)/tiny-qwen3-base
 	$(BPY) -m build.grid_vocab --model $(OUT)/tiny-qwen3-base --out $(OUT)/tiny-grid
+	$(if $(filter nvarc,$(GRID_FORMAT)),rm -f $(OUT)/tiny-grid/tokenizer*.json $(OUT)/tiny-grid/special_tokens_map.json \
+	    && cp tests/nvarc_tokenizer/*.json tests/nvarc_tokenizer/*.j2 $(OUT)/tiny-grid/)
 	$(BPY) -m submission.grid.main --tasks $(ARC_DATA)/arc-agi-2/evaluation --max-tasks 10 --profile grid-tiny \
-	    --model $(OUT)/tiny-grid --deadline 300 --out $(OUT)/grid-dry-run/submission.json \
+	    --format $(GRID_FORMAT) --model $(OUT)/tiny-grid --deadline 300 --out $(OUT)/grid-dry-run/submission.json \
 	    --log $(OUT)/grid-dry-run/attempts.jsonl --solutions $(ARC_DATA)/arc-agi-2/evaluation
 
 # Both lines in one run on CPU (profiles/both-tiny.toml): the reasoning line's tiny model on the hf engine and one

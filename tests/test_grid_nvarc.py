@@ -275,3 +275,16 @@ def test_the_kits_cut_reads_as_kit16_and_nvarcs_checkpoint_is_not_cut_again(tmp_
         read_format(tmp_path / "kit", "nvarc")
     with pytest.raises(ValueError, match="token 'I' .* model.format = \"nvarc\""):
         source_ids(AutoTokenizer.from_pretrained(nvarc_checkpoint(tmp_path / "nvarc")))
+
+
+def test_the_format_flag_overrides_the_profile(tmp_path, arc_data, capsys):
+    """`--format nvarc` (make grid-dry-run GRID_FORMAT=nvarc) on a kit16 tokenizer is refused, naming NVARC's token."""
+    pytest.importorskip("transformers")
+    from build.grid_vocab import make_tokenizer
+    from submission.grid.main import main
+
+    make_tokenizer().save_pretrained(tmp_path / "kit")
+    (tmp_path / "kit" / "config.json").write_text(json.dumps({"vocab_size": 16}))
+    code = main(["--tasks", str(arc_data / "arc-agi-2" / "evaluation"), "--max-tasks", "1", "--format", "nvarc",
+                 "--model", str(tmp_path / "kit"), "--out", str(tmp_path / "out" / "submission.json")])
+    assert code == 2 and "needs the token '<|im_end|>' as one id" in capsys.readouterr().err

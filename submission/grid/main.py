@@ -27,7 +27,7 @@ from pathlib import Path
 from submission.answers import render_submission
 from submission.config import ProfileError
 from submission.grid.config import GridProfile, load_grid_profile
-from submission.grid.format import FormatError, read_format
+from submission.grid.format import LAYOUTS, FormatError, read_format
 from submission.score import score
 from submission.tasks import LoadError
 
@@ -38,6 +38,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, type=Path, help="the answer file (submission.json)")
     p.add_argument("--profile", default="grid-tiny", help="profile name (profiles/NAME.toml) or TOML path")
     p.add_argument("--model", help="grid checkpoint folder (build.grid_vocab's output)")
+    p.add_argument("--format", choices=sorted(LAYOUTS), help="the checkpoint's grid format (overrides model.format)")
     p.add_argument("--deadline", type=float, help="time limit in seconds from now")
     p.add_argument("--scale-schedule", action="store_true",
                    help="scale the margins and task limits to --deadline (the commit run's rehearsal)")
@@ -59,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         profile: GridProfile = load_grid_profile(args.profile)
         if args.model:
             profile = replace(profile, model=replace(profile.model, path=str(args.model)))
+        if getattr(args, "format", None):
+            profile = replace(profile, model=replace(profile.model, format=args.format))
         if args.deadline and getattr(args, "scale_schedule", False):
             profile = replace(profile, run=profile.run.scaled(args.deadline))
         elif args.deadline:
