@@ -1,4 +1,5 @@
-"""The grid line's workers as real processes: two CPU workers on a tiny grid model, one killed mid-task.
+"""The grid line's workers as real processes: two CPU workers on a tiny grid model, one killed mid-task (twice: it is
+restarted on its device and killed again).
 
 The killed worker's task must be finished by the other worker, every task must be answered in the log, and the
 answer file must be complete, valid JSON throughout (it is rewritten atomically after every task). A worker that
@@ -77,6 +78,26 @@ def test_a_killed_worker_loses_nothing(grid_model, arc_data, tmp_path):
     assert all("candidates" in r.grid_line and "stage_s" in r.grid_line for r in firsts)
     assert all(r.grid is not None or r.parse_error for r in records)
     assert len(snapshots) >= 2 * len(tasks.tasks)
+
+
+def test_a_worker_killed_twice_is_restarted_and_its_tasks_finished(grid_model, arc_data, tmp_path):
+    from submission.grid.workers import Coordinator
+
+    tasks, profile = cheapest(arc_data, 4), small_profile(grid_model)
+    killed: list[str] = []
+
+    def on_event(kind, worker, task_id, process):
+        if kind == "started" and worker == 0 and len(killed) < 2:
+            killed.append(task_id)
+            os.kill(process.pid, signal.SIGKILL)  # mid-task, in its first life and again in its second
+
+    stats = Coordinator(profile, tasks, tmp_path / "submission.json", tmp_path / "attempts.jsonl",
+                        on_event=on_event).run()
+    assert profile.run.respawns == 2 and len(killed) == 2
+    assert stats.lost == [(0, killed[0]), (0, killed[1])] and stats.respawned == [0, 0]
+    assert sorted(stats.done) == sorted(t.id for t in tasks.tasks)  # both killed tasks finished
+    answer = json.loads((tmp_path / "submission.json").read_text())
+    assert sorted(answer) == sorted(t.id for t in tasks.tasks)
 
 
 class DiesMidReport:

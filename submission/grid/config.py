@@ -68,6 +68,7 @@ class RunConfig:
     min_task_s: float = 1200.0  # each task's time limit, from the remaining budget and queue, clamped to these
     max_task_s: float = 3000.0
     max_failures: int = 3  # consecutive failed tasks after which a worker exits
+    respawns: int = 2  # restarts of a dead or stuck worker's process on its device, per worker; then it is retired
     answer_room: int = 931  # tokens kept free after the prompt for the answer (30 x 31 + <eos>)
 
     def __post_init__(self) -> None:
@@ -75,6 +76,8 @@ class RunConfig:
             raise ValueError("run.devices and run.max_len need at least one entry")
         if self.min_task_s > self.max_task_s:
             raise ValueError("run.min_task_s must not exceed run.max_task_s")
+        if self.respawns < 0:
+            raise ValueError(f"run.respawns must be at least 0, got {self.respawns}")
 
     def context(self, worker: int) -> int:
         return self.max_len[min(worker, len(self.max_len) - 1)]

@@ -5,7 +5,9 @@ or a clock. A task's cost is its token count under the grid format times its tes
 scale with). Each task's time limit is the remaining budget shared among the queued tasks and the live workers,
 clamped to [min_task_s, max_task_s] and never beyond the hard stop. A task whose worker dies or fails is put back at
 the front once (`max_tries` = 2), for another worker if one is live; a worker that fails `max_failures` tasks in
-a row is retired, and the others take the queue.
+a row is retired, and the others take the queue. A worker whose process dies (or is killed, stuck) is restarted on
+its device up to `respawns` times (NVARC's workers are one process per GPU: a lost process would otherwise leave its
+GPU idle for the rest of the run), then retired.
 """
 
 from __future__ import annotations
@@ -33,12 +35,14 @@ class TaskQueue:
     max_task_s: float
     max_failures: int = 3
     max_tries: int = 2
+    respawns: int = 0  # restarts of a lost worker on its device, per worker
     pending: list[str] = field(default_factory=list)
     tries: dict[str, int] = field(default_factory=dict)
     streak: dict[int, int] = field(default_factory=dict)  # consecutive failures per worker
     retired: set[int] = field(default_factory=set)
     given_up: list[str] = field(default_factory=list)
     last_worker: dict[str, int] = field(default_factory=dict)  # who tried each task last
+    restarts: dict[int, int] = field(default_factory=dict)  # per worker, how often it was restarted
 
     def __post_init__(self) -> None:
         self.pending = sorted(self.costs, key=lambda t: (self.costs[t], t))
@@ -71,11 +75,21 @@ class TaskQueue:
             self.retired.add(worker)
         return worker in self.retired
 
-    def lost(self, worker: int, task_id: str | None) -> None:
-        """The worker's process died: it is retired and its task goes back to the front of the queue."""
+    def retire(self, worker: int) -> None:
+        """The worker serves no more tasks (it could not start)."""
         self.retired.add(worker)
+
+    def lost(self, worker: int, task_id: str | None) -> bool:
+        """The worker's process died: its task goes back to the front of the queue. True: restart the worker on its
+        device (`respawns` not yet used up; its failure streak starts afresh); False: it is retired."""
         if task_id is not None:
             self._retry(task_id)
+        if self.restarts.get(worker, 0) < self.respawns:
+            self.restarts[worker] = self.restarts.get(worker, 0) + 1
+            self.streak[worker] = 0
+            return True
+        self.retire(worker)
+        return False
 
     def _retry(self, task_id: str) -> None:
         if self.tries.get(task_id, 0) < self.max_tries:
