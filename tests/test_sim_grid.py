@@ -9,6 +9,7 @@ import pytest
 
 from sim.grid import logged_tasks, main, one_run
 from submission.attempts import AttemptLog, AttemptRecord
+from submission.config import PROFILES
 from submission.grid.config import load_grid_profile
 from submission.grid.rescore import Candidate
 from submission.schedule import Level
@@ -113,3 +114,28 @@ def test_command_line_compares_the_three_arrangements(tasks, tmp_path, capsys, a
     out = capsys.readouterr().out
     assert "6 tasks in both logs" in out and "reasoning line on 50% of the GPUs, the grid line on 2 workers" in out
     assert "all GPUs to the grid line: forecast score" in out and "the split, answers merged (both-4xL4)" in out
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in PROFILES.glob("*.toml")
+                                        if 'line = "both"' in p.read_text()))
+def test_the_forecast_splits_the_machine_as_the_run_does(name, tmp_path):
+    """The split sim.grid forecasts is the one the combined run starts: the profiles it writes for its lines
+    (line_profiles) with the deadline each line is given (the run's less MERGE_S), every override applied."""
+    from sim.grid import split_lines
+    from submission.config import load_profile
+    from submission.grid.both import MERGE_S, line_profiles, load_both_profile
+
+    both = load_both_profile(name)
+    reasoning, grid, share = split_lines(both)
+    for text, path in zip(line_profiles(both, both.time_limit_s), ("r.toml", "g.toml")):
+        (tmp_path / path).write_text(text)
+    limit = both.time_limit_s - MERGE_S
+    run_reasoning = load_profile(tmp_path / "r.toml")
+    run_reasoning = replace(run_reasoning, schedule=replace(run_reasoning.schedule, time_limit_s=limit))
+    run_grid = load_grid_profile(tmp_path / "g.toml")
+    run_grid = replace(run_grid, run=replace(run_grid.run, time_limit_s=limit))
+    assert (reasoning, grid) == (run_reasoning, run_grid)
+    gpus = reasoning.engine.tensor_parallel_size * reasoning.engine.pipeline_parallel_size
+    assert share == gpus / (gpus + len(grid.run.devices))
+    if name == "both-4xL4":  # two L4s each: the reasoning line at TP2, two grid workers at their own contexts
+        assert (gpus, grid.run.devices, grid.run.max_len, share) == (2, ("cuda:0", "cuda:1"), (13312, 12288), 0.5)
