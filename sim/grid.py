@@ -8,8 +8,8 @@ Each logged task (attempt-1 records with `grid_line`) gives its seconds by stage
 its attempts were right (when labels are known). A simulated run draws `--hidden-tasks` of them with replacement
 and serves them with `submission.grid.queue.TaskQueue` (cheapest first, the same time limits) on `run.devices`
 workers; a task lasts the share of its limit it used in the log times the limit it gets now (its stages run until
-their share of the limit: an approximation, exact for tasks that used their whole limit), and a task that would end
-after the hard stop is unanswered. Model loading and worker start-up are not modelled. Reports the forecast score
+their share of the limit: an approximation, exact for tasks that used their whole limit), its limit weighted by its
+size as in the run (run.task_s), and a task that would end after the hard stop is unanswered. Model loading and worker start-up are not modelled. Reports the forecast score
 (mean and 5-95% over runs), tasks answered by the deadline and the logged seconds by stage.
 
 With `--reasoning-log` and a combined profile (`--both`, line = "both"), three forecasts on the same drawn tasks
@@ -93,28 +93,27 @@ def one_run(logged: list[LoggedTask], profile: GridProfile, hidden_tasks: int, r
             drawn: dict[str, LoggedTask] | None = None) -> RunForecast:
     run = profile.run
     drawn = drawn or draw_tasks(logged, hidden_tasks, rng)
-    queue = TaskQueue({k: v.cost for k, v in drawn.items()}, run.min_task_s, run.max_task_s, run.max_failures)
+    queue = TaskQueue({k: v.cost for k, v in drawn.items()}, run.min_task_s, run.max_task_s, run.max_failures,
+                      needs={k: run.task_need(v.cost) for k, v in drawn.items()})
     workers = len(run.devices)
-    free = [(0.0, w) for w in range(workers)]
+    free: list[tuple[float, int, str | None]] = [(0.0, w, None) for w in range(workers)]  # (when, worker, its task)
     answered, score = 0, 0.0
     done: set[str] = set()
-    ends: list[float] = []
     while free:
-        free.sort()
-        now, worker = free.pop(0)
-        ends = [e for e in ends if e > now]
-        nxt = queue.next(worker, now, run.stop_new, run.hard_stop, workers, len(ends))
+        free.sort(key=lambda f: (f[0], f[1]))
+        now, worker, finished = free.pop(0)
+        if finished is not None:
+            queue.done(worker, finished)
+        nxt = queue.next(worker, now, run.stop_new, run.hard_stop, workers)
         if nxt is None:
             continue
         task_id, limit = nxt
         end = now + drawn[task_id].used * limit
-        if end <= run.hard_stop:
+        if end <= run.hard_stop:  # else it runs until the hard stop: unanswered, and its worker takes no more
             answered += 1
             done.add(task_id)
             score += drawn[task_id].right
-            queue.done(worker, task_id)
-            ends.append(end)
-            free.append((end, worker))
+            free.append((end, worker, task_id))
     return RunForecast(100 * score / len(drawn), answered, len(drawn), frozenset(done))
 
 

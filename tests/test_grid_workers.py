@@ -84,6 +84,8 @@ def test_a_worker_killed_twice_is_restarted_and_its_tasks_finished(grid_model, a
     from submission.grid.workers import Coordinator
 
     tasks, profile = cheapest(arc_data, 4), small_profile(grid_model)
+    # budgets by size, as grid-4b-4xL4 has them: each task's training share from run.ttt_s / run.task_s
+    profile = replace(profile, run=replace(profile.run, size_tokens=(100, 4000), task_s=(4.0, 8.0), ttt_s=(1.0, 4.0)))
     killed: list[str] = []
 
     def on_event(kind, worker, task_id, process):

@@ -106,8 +106,11 @@ def worker_main(worker: int, profile: GridProfile, inbox, report: Connection) ->
             return
         task, limit = message
         send("started", task.id, None)
+        # the task's training share by its size (run.ttt_s), handed to solve_task as its ttt.share
+        shaped = replace(profile, ttt=replace(profile.ttt, share=profile.run.ttt_share(task_cost(task),
+                                                                                        profile.ttt.share)))
         try:
-            send("done", task.id, solve_task(adapter, task, profile, profile.run.context(worker), limit))
+            send("done", task.id, solve_task(adapter, task, shaped, profile.run.context(worker), limit))
         except Exception as err:  # noqa: BLE001 - one task's failure is reported, the worker goes on
             send("failed", task.id, f"{type(err).__name__}: {err}")
 
@@ -175,8 +178,9 @@ class Coordinator:
         self.clock = clock or (lambda: time.monotonic() - start)
         run = profile.run
         restored = set(self.stats.restored)
-        self.queue = TaskQueue({t.id: task_cost(t) for t in tasks.tasks if t.id not in restored}, run.min_task_s,
-                               run.max_task_s, run.max_failures, respawns=run.respawns)
+        costs = {t.id: task_cost(t) for t in tasks.tasks if t.id not in restored}
+        self.queue = TaskQueue(costs, run.min_task_s, run.max_task_s, run.max_failures, respawns=run.respawns,
+                               needs={t: run.task_need(c) for t, c in costs.items()})
 
     def stop(self, reason: str) -> None:
         """End the run early, as at the hard stop (a signal handler calls it): the loop sees it within 0.2 s."""
@@ -237,7 +241,7 @@ class Coordinator:
             while self.clock() < run.hard_stop and not self.stopping:
                 live = [w for w in range(count) if w not in gone and w not in self.queue.retired]
                 for w in sorted(ready - set(busy) - gone):
-                    nxt = self.queue.next(w, self.clock(), run.stop_new, run.hard_stop, len(live), len(busy))
+                    nxt = self.queue.next(w, self.clock(), run.stop_new, run.hard_stop, len(live))
                     if nxt is not None:
                         busy[w] = (nxt[0], self.clock(), nxt[1])
                         inboxes[w].put((self.by_id[nxt[0]], nxt[1]))
