@@ -13,6 +13,7 @@ import os
 import signal
 import struct
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -100,6 +101,38 @@ def test_a_worker_killed_twice_is_restarted_and_its_tasks_finished(grid_model, a
     assert sorted(stats.done) == sorted(t.id for t in tasks.tasks)  # both killed tasks finished
     answer = json.loads((tmp_path / "submission.json").read_text())
     assert sorted(answer) == sorted(t.id for t in tasks.tasks)
+
+
+def report_where_it_loads(worker, profile, inbox, report):
+    """A stand-in worker: loads the model as worker_main does, writes what it sees (its CUDA_VISIBLE_DEVICES, the
+    GPUs torch counts, the model's device) and exits as a worker that could not start, which ends the run."""
+    import torch
+
+    from submission.grid.model import load_model
+
+    model = load_model(profile.model.path, profile.model.dtype, profile.run.devices[worker])
+    seen = {"visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpus": torch.cuda.device_count(),
+            "device": str(next(model.parameters()).device)}
+    (Path(os.environ["GRID_WORKER_OUT"]) / f"worker{worker}.json").write_text(json.dumps(seen))
+    report.send(("dead", worker, None, "a stand-in: it only loads"))
+
+
+@pytest.mark.requires_gpu
+def test_each_worker_loads_onto_its_own_gpu_alone(grid_model, arc_data, tmp_path, monkeypatch):
+    """One process per GPU, as NVARC runs them: a worker on the last GPU sees that GPU alone (as its cuda:0), so it
+    can make no context or allocation on GPU 0 (.ci/gpu-checks)."""
+    import torch
+
+    from submission.grid.workers import Coordinator
+
+    last = torch.cuda.device_count() - 1
+    monkeypatch.setenv("GRID_WORKER_OUT", str(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    profile = small_profile(grid_model)
+    profile = replace(profile, run=replace(profile.run, devices=(f"cuda:{last}",)))
+    Coordinator(profile, cheapest(arc_data, 1), tmp_path / "submission.json", worker=report_where_it_loads).run()
+    seen = json.loads((tmp_path / "worker0.json").read_text())
+    assert seen == {"visible": str(last), "gpus": 1, "device": "cuda:0"}
 
 
 class DiesMidReport:
