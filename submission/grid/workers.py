@@ -248,7 +248,7 @@ class Coordinator:
                 if not busy and (not self.queue.pending or not live or self.clock() >= run.stop_new):
                     break
                 for kind, w, task_id, payload in receive(reports, timeout=0.2):
-                    if w in gone:  # a stuck worker's late report: its task is already back in the queue
+                    if w in gone:  # retired for good: what it still says changes nothing
                         continue
                     self._event(kind, w, task_id, payload, busy, ready, gone, processes[w])
                     if kind == "failed" and w in self.queue.retired:
