@@ -9,8 +9,9 @@ its attempts were right (when labels are known). A simulated run draws `--hidden
 and serves them with `submission.grid.queue.TaskQueue` (cheapest first, the same time limits) on `run.devices`
 workers; a task lasts the share of its limit it used in the log times the limit it gets now (its stages run until
 their share of the limit: an approximation, exact for tasks that used their whole limit), its limit weighted by its
-size as in the run (run.task_s), and a task that would end after the hard stop is unanswered. Model loading and worker start-up are not modelled. Reports the forecast score
-(mean and 5-95% over runs), tasks answered by the deadline and the logged seconds by stage.
+size as in the run (run.task_s), and a task that would end after the hard stop is unanswered. Model loading, worker
+start-up and restarts are not modelled. Reports the forecast score (mean and 5-95% over runs), tasks answered by the
+deadline and the logged seconds by stage.
 
 With `--reasoning-log` and a combined profile (`--both`, line = "both"), three forecasts on the same drawn tasks
 (common random numbers): all GPUs to the grid line (`--profile`), all GPUs to the reasoning line (the combined

@@ -4,11 +4,11 @@ Pure policy (STYLE 1): the coordinator passes `now` in and reports what happened
 or a clock. A task's cost is its token count under the grid format times its test inputs (what TTT and search
 scale with). Each task's time limit is the remaining budget shared among the queued and running tasks and the live
 workers, in proportion to what each needs (`needs`: its seconds by size on the line's GPU, run.task_need; without
-them, equal shares), clamped to [min_task_s, max_task_s] and never beyond the hard stop. A task whose worker dies or fails is put back at
-the front once (`max_tries` = 2), for another worker if one is live; a worker that fails `max_failures` tasks in
-a row is retired, and the others take the queue. A worker whose process dies (or is killed, stuck) is restarted on
-its device up to `respawns` times (NVARC's workers are one process per GPU: a lost process would otherwise leave its
-GPU idle for the rest of the run), then retired.
+them, equal shares), clamped to [min_task_s, max_task_s] and never beyond the hard stop. A task whose worker dies
+or fails is put back at the front once (`max_tries` = 2), for another worker if one is live; a worker that fails
+`max_failures` tasks in a row is retired, and the others take the queue. A worker whose process dies (or is killed,
+stuck) is restarted on its device up to `respawns` times (NVARC's workers are one process per GPU: a lost process
+would otherwise leave its GPU idle for the rest of the run), then retired.
 """
 
 from __future__ import annotations
