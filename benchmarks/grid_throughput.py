@@ -159,7 +159,7 @@ def main() -> int:
     timed = {}
     for batch in (1, 8 * len(hits)):
         t = time.perf_counter()
-        ranked = rescore(task, 0, hits, views, lambda items: answer_nlls(model, items), 4096, batch=batch)
+        ranked = rescore(task, 0, hits, views, lambda items: answer_nlls(model, items), 4096, batch=batch).candidates
         timed[batch] = (time.perf_counter() - t, [c.nll for c in ranked])
     (one_s, one), (all_s, together) = timed.values()
     assert np.allclose(one, together, rtol=1e-5), (one, together)  # the same NLLs, up to float rounding

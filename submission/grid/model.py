@@ -4,8 +4,8 @@ The search's caches are preallocated (`_Preallocated`): transformers' DynamicLay
 a copy of the whole cache per token, per layer; the search writes the token into its slot and crops by shortening a
 view (issue 29).
 
-Torch and transformers are imported here only (this module is imported in the worker processes), so the policy modules (format, dfs, rescore, queue) stay importable
-and testable without them.
+Torch and transformers are imported here only (this module is imported in the worker processes), so the policy
+modules (format, dfs, rescore, queue) stay importable and testable without them.
 """
 
 from __future__ import annotations
