@@ -66,9 +66,11 @@ class NoCacheStepper:
         logits = self.model(input_ids=torch.tensor([self.ids]), use_cache=False).logits[0, -1]
         return torch.log_softmax(logits.float(), -1).numpy()
 
-    def prefill(self, ids):
-        self.ids = list(ids)
-        return self._run()
+    @torch.no_grad()
+    def prefill(self, ids, guess=()):
+        self.ids = [*ids, *guess]
+        logits = self.model(input_ids=torch.tensor([self.ids]), use_cache=False).logits[0, len(ids) - 1:]
+        return torch.log_softmax(logits.float(), -1).numpy()
 
     def push(self, token):
         self.ids.append(token)
