@@ -11,6 +11,12 @@ The model is behind `Stepper`: the prompt is run once, then one token per step, 
 cache back to the branch point (`truncate`), so no prefix is ever run twice. Scores are float32. A deadline stops
 the search cleanly: answers found so far are kept, the rest of the tree is left unexplored (`complete` = False).
 
+A search may be seeded with a guess, the best answer found so far in the other views (ARChitects' `pass_guess`,
+issue 29): the guess is run with the prompt in the same prefill and walked first, so its path costs no decode step
+and only the branches off it are decoded token by token. Pruning stays exact, so a seeded search finds the same
+answers (tests/test_grid_dfs.py); with a trained model, whose views mostly agree, the guess is most of the tree
+(benchmarks/grid_search.py).
+
 `search_batch` walks several views' trees in lockstep behind a `BatchStepper` (one cache row per view): one model
 call per step for all of them, which is what keeps a GPU busy where one token of one view does not (issue 18).
 Each view's walk is the one `search` makes, so both find the same answers (tests/test_grid_dfs.py).
