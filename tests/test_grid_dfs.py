@@ -243,16 +243,23 @@ def test_cut_off_must_be_a_probability(model):
         search_batch(None, [[0]], 1.5)
 
 
+def test_a_guess_must_be_an_answer():
+    """A guess is a found answer's tokens (<eos> last): anything else is a caller's mistake, refused by name."""
+    with pytest.raises(ValueError, match="guess is an answer"):
+        search(None, [0], 0.2, guess=(1, 2))
+
+
 def test_newline_and_end_only_where_the_grammar_allows():
     assert NEWLINE not in GridState().legal(MAX_SIDE) and EOS not in GridState().legal(MAX_SIDE)
 
 
-@pytest.mark.parametrize("dfs_batch", [1, 2])
-def test_a_seeded_search_finds_the_same_answers_with_fewer_model_calls(model, truth, dfs_batch):
+@pytest.mark.parametrize("dfs_batch, together", [(1, False), (1, True), (2, False), (2, True)])
+def test_a_seeded_search_finds_the_same_answers_with_fewer_model_calls(model, truth, dfs_batch, together):
     """ARChitects' pass_guess: the best answer so far, run with the prompt in one prefill and walked first, leaves
     the answers and their scores as they were and saves the model calls of its path. Seeded with the best answer,
     with one that clears the cut-off further down, and with one that does not (the walk leaves it where it falls
-    below the cut-off): the same answers each time."""
+    below the cut-off): the same answers each time; view by view (the prompt preloaded or not) and in lockstep (the
+    prompts prefilled together or one by one)."""
     from submission.grid.dfs import search_batch
     from submission.grid.model import HFBatchStepper, HFStepper
 
@@ -262,9 +269,11 @@ def test_a_seeded_search_finds_the_same_answers_with_fewer_model_calls(model, tr
     for guess in (plain.found[0].tokens, plain.found[-1].tokens, below):
         if dfs_batch == 1:
             stepper = CountingStepper(HFStepper(model))
+            if together:
+                stepper.inner.preload([prompt])
             seeded = search(stepper, prompt, CUTOFF, MAX_SIDE, guess=guess)
         else:
-            stepper = CountingBatchStepper(HFBatchStepper(model, slack=2))
+            stepper = CountingBatchStepper(HFBatchStepper(model, together, slack=2))
             seeded, beside = search_batch(stepper, [prompt, prompt], CUTOFF, MAX_SIDE, guesses=[guess, ()])
             assert [f.tokens for f in beside.found] == [f.tokens for f in plain.found]
         assert seeded.complete and stepper.prefills == 1

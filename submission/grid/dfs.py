@@ -94,7 +94,7 @@ def search(stepper: Stepper, prompt: Sequence[int], cutoff: float, max_side: int
     floor = _floor(cutoff)
     if clock() > deadline:
         return SearchResult((), False, 0)
-    guess = _runnable(guess)
+    guess = _answer(guess)
     walk = _Walk(stepper.prefill(prompt, guess[:-1]), len(prompt), floor, max_side, guess)
     while (move := walk.next()) is not None:
         if clock() > deadline:
@@ -117,7 +117,7 @@ def search_batch(stepper: BatchStepper, prompts: Sequence[Sequence[int]], cutoff
     floor = _floor(cutoff)
     if clock() > deadline:
         return [SearchResult((), False, 0) for _ in prompts]
-    guesses = [_runnable(g) for g in (guesses or [()] * len(prompts))]
+    guesses = [_answer(g) for g in (guesses or [()] * len(prompts))]
     rows = stepper.prefill(prompts, [g[:-1] for g in guesses])
     walks = [_Walk(r, len(p), floor, max_side, g) for r, p, g in zip(rows, prompts, guesses)]
     live = list(range(len(walks)))
@@ -136,10 +136,12 @@ def search_batch(stepper: BatchStepper, prompts: Sequence[Sequence[int]], cutoff
             walks[row].take(logp)
 
 
-def _runnable(guess: Sequence[int]) -> tuple[int, ...]:
-    """The guess as given, or () when it is no answer (no final <eos>): nothing to walk first."""
+def _answer(guess: Sequence[int]) -> tuple[int, ...]:
+    """The guess, which is an answer (one <eos>, at its end) or () for none."""
     guess = tuple(guess)
-    return guess if guess and guess[-1] == EOS and EOS not in guess[:-1] else ()
+    if guess and (guess[-1] != EOS or EOS in guess[:-1]):
+        raise ValueError(f"a search's guess is an answer ending in its one <eos>, got {list(guess)}")
+    return guess
 
 
 def _floor(cutoff: float) -> np.float32:
