@@ -146,7 +146,8 @@ def main() -> int:
     def searches(seeded: bool):
         return lambda: search_views_in_turn(model, views, prompts, label, args.confidence, args.cutoff, seeded)
 
-    variants = {"dynamic": lambda: on_dynamic_cache(searches(False)), "plain": searches(False), "seeded": searches(True)}
+    variants = {"dynamic": lambda: on_dynamic_cache(searches(False)), "plain": searches(False),
+                "seeded": searches(True)}
     reference = variants["plain"]()
     tree = [r.steps for r in reference]
     variants["generate"] = lambda: generate_per_view(model, prompts, tree)
