@@ -237,6 +237,7 @@ bench: env build-env
 	$(BPY) benchmarks/prune_and_calibrate.py || echo prune_and_calibrate >> $(MISSED)
 	$(BPY) benchmarks/quantize_throughput.py || echo quantize_throughput >> $(MISSED)
 	$(BPY) benchmarks/grid_throughput.py || echo grid_throughput >> $(MISSED)
+	$(BPY) benchmarks/grid_search.py || echo grid_search >> $(MISSED)
 	$(BPY) benchmarks/build_scale.py || echo build_scale >> $(MISSED)
 	$(PY) benchmarks/corpus_admission.py || echo corpus_admission >> $(MISSED)
 	@if [ -f $(MISSED) ]; then echo "missed a target or failed: $$(tr '\n' ' ' < $(MISSED))"; exit 1; fi

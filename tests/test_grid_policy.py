@@ -91,7 +91,7 @@ def test_rescore_maps_each_candidate_into_every_view(tasks):
         return 0.0 if decode_grid(list(ids[-n:])) in expected else 7.0
 
     ranked = rescore(task, 0, {wrong: 3, label: 1}, views, lambda items: [nll(*item) for item in items],
-                     max_len=1 << 20)
+                     max_len=1 << 20).candidates
     assert [c.grid for c in ranked] == [label, wrong] and ranked[0].nll == 0.0 and ranked[1].nll == 7.0
 
 

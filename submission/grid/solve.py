@@ -1,13 +1,18 @@
-"""One task on one worker: test-time training, then per test input the search under 16 views and the rescoring.
+"""One task on one worker: test-time training, then the search under 16 views per test input, then the rescoring.
 
-The task's time limit is split as the study did: training takes at most `ttt.share` of it; the rest goes to the
-test inputs in equal parts. Each part is searched (all but its `rescore.share`) in batches of views
-(`search.views_per_batch`, at most `search.batch_s` each) and then rescored. Within a batch, `search.dfs_batch` views
-at a time walk their trees in lockstep, one model call per step for all of them (1: one view after the other);
-`search.preload` prefills the prompts searched together (the whole batch when dfs_batch is 1) in one model call.
-At a deadline the search stops where it is and the rescoring keeps the views it finished (none: nll 0, ranked by
-hits); every loop checks its deadline before each model call, so a task overruns its limit by at most one forward
-pass (with dfs_batch > 1, one pass of the group).
+The task's time limit is split as the study did: training takes at most `ttt.share` of it; of the rest,
+`rescore.share` is kept for the rescoring and the search has the remainder. The search runs in batches of views
+(`search.views_per_batch`) taken in turn across the task's test inputs, as NVARC does (`search_order`): every input
+has half its views searched before any has the rest, so a deadline leaves every input an answer. Each batch may
+run `search.batch_s` at most and no more than an equal part of the search time still left, so one slow batch cannot
+starve the others. Within a batch, `search.dfs_batch` views at a time walk their trees in lockstep, one model call
+per step for all of them (1: one view after the other); `search.preload` prefills the prompts searched together
+(the whole batch when dfs_batch is 1) in one model call. Every view is seeded with its input's best answer so far
+(most hits, then the most probable), mapped into the view: its path costs one prefill (`dfs.search`'s guess).
+The rescoring then gives each input an equal part of the time left. At a deadline the search stops where it is
+and the rescoring keeps the views it finished (none: nll 0, ranked by hits); every loop checks its deadline before
+each model call, so a task overruns its limit by at most one forward pass (with dfs_batch > 1, one pass of the
+group). `complete` is true only if every search and every rescoring finished.
 
 If no view finds an answer above the cut-off (a model not yet adapted to the task), the greedy answer under the
 plain view is the input's only candidate, with 0 hits: an answer beats an empty slot. This fallback is the kit's,
@@ -23,9 +28,10 @@ from dataclasses import dataclass
 
 from submission.grid.config import GridProfile
 from submission.grid.dfs import greedy, search, search_batch
-from submission.grid.format import decode_grid, encode
-from submission.grid.rescore import Candidate, rank, rescore, rescoring_views, search_views
+from submission.grid.format import EOS, decode_grid, encode, grid_ids
+from submission.grid.rescore import Candidate, rescore, rescoring_views, search_views
 from submission.grid.ttt import Adapter, training_sequences
+from submission.grids import Grid
 from submission.tasks import Task
 
 
@@ -41,63 +47,91 @@ class TaskOutcome:
     complete: bool  # every search and rescoring finished within the limit
 
 
+def search_order(inputs: int, views: int, per_batch: int) -> list[tuple[int, int]]:
+    """(test input, first view) of each search batch: batch k of every input before batch k + 1 of any."""
+    return [(index, first) for first in range(0, views, per_batch) for index in range(inputs)]
+
+
+def best_answer(hits: Counter, logps: dict[Grid, float]) -> Grid | None:
+    """The answer to seed the next views with: the most hits, then the highest log-probability in any view."""
+    return max(hits, key=lambda grid: (hits[grid], logps[grid]), default=None)
+
+
 def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int, time_limit: float,
                clock: Callable[[], float] = time.monotonic) -> TaskOutcome:
     from submission.grid.model import HFBatchStepper, HFStepper, answer_nlls  # torch: only in the worker processes
 
     start = clock()
     deadline = start + time_limit
-    seed = profile.rescore.seed
+    seed, config = profile.rescore.seed, profile.search
     sequences = training_sequences(task, profile.ttt, max_len, seed)
     adapter.reset()
     report = adapter.train(sequences, start + profile.ttt.share * time_limit, clock)
     model = adapter.model
-    stepper = HFStepper(model)
+    stepper = HFStepper(model, profile.run.answer_room)
     prompt_len = max_len - profile.run.answer_room
     stage = Counter(ttt=report.seconds)
-    out, steps, complete = [], 0, True
-    for index in range(len(task.test_inputs)):
-        input_deadline = clock() + (deadline - clock()) / (len(task.test_inputs) - index)
-        t0 = clock()
-        search_deadline = input_deadline - profile.rescore.share * (input_deadline - t0)
-        hits: Counter = Counter()
-        views = search_views(task, profile.search.dihedrals, profile.search.colour_perms, seed)
-        size = max(profile.search.views_per_batch, 1)
-        for first in range(0, len(views), size):
-            batch_deadline = min(clock() + profile.search.batch_s, search_deadline)
-            batch = views[first:first + size]
-            prompts = [encode(shown.train, shown.test_inputs[index], max_len=prompt_len).ids
-                       for shown in (view.apply(task) for view in batch)]
-            if profile.search.dfs_batch == 1 and profile.search.preload and clock() < search_deadline:
-                stepper.preload(prompts)  # the batch's prompts in one model call
-            group = profile.search.dfs_batch
-            for at in range(0, len(batch), group):
-                if clock() >= search_deadline:
-                    complete = False
-                    break
-                if group == 1:
-                    results = [search(stepper, prompts[at], profile.search.cutoff, profile.search.max_side,
-                                      batch_deadline, clock)]
-                else:  # a fresh stepper per group: the last group's cache is freed before this one's prefill
-                    results = search_batch(HFBatchStepper(model, profile.search.preload), prompts[at:at + group],
-                                           profile.search.cutoff, profile.search.max_side, batch_deadline, clock)
-                for view, result in zip(batch[at:at + group], results):
-                    steps += result.steps
-                    complete &= result.complete
-                    for found in result.found:  # the grammar admits only grids: decoding cannot fail
-                        hits[view.invert_grid(decode_grid(found.tokens))] += 1
+    inputs = len(task.test_inputs)
+    hits: list[Counter] = [Counter() for _ in range(inputs)]
+    logps: list[dict[Grid, float]] = [{} for _ in range(inputs)]
+    steps, complete = 0, True
+    t0 = clock()
+    search_deadline = deadline - profile.rescore.share * (deadline - t0)
+    views = search_views(task, config.dihedrals, config.colour_perms, seed)
+    size = max(config.views_per_batch, 1)
+    order = search_order(inputs, len(views), size)
+    for done, (index, first) in enumerate(order):
+        now = clock()
+        if now >= search_deadline:
+            complete = False
+            break
+        batch_deadline = min(now + config.batch_s, now + (search_deadline - now) / (len(order) - done))
+        batch = views[first:first + size]
+        prompts = [encode(shown.train, shown.test_inputs[index], max_len=prompt_len).ids
+                   for shown in (view.apply(task) for view in batch)]
+        if config.dfs_batch == 1 and config.preload:
+            stepper.preload(prompts)  # the batch's prompts in one model call
+        for at in range(0, len(batch), config.dfs_batch):
+            if clock() >= batch_deadline:
+                complete = False
+                break
+            group = batch[at:at + config.dfs_batch]
+            best = best_answer(hits[index], logps[index])
+            guesses = [(*grid_ids(view.apply_grid(best)), EOS) if best is not None else () for view in group]
+            if len(group) == 1:
+                results = [search(stepper, prompts[at], config.cutoff, config.max_side, batch_deadline, clock,
+                                  guess=guesses[0])]
+            else:  # a fresh stepper per group: the last group's cache is freed before this one's prefill
+                results = search_batch(HFBatchStepper(model, config.preload, room=profile.run.answer_room),
+                                       prompts[at:at + len(group)], config.cutoff, config.max_side, batch_deadline,
+                                       clock, guesses)
+            for view, result in zip(group, results):
+                steps += result.steps
+                complete &= result.complete
+                for found in result.found:  # the grammar admits only grids: decoding cannot fail
+                    grid = view.invert_grid(decode_grid(found.tokens))
+                    hits[index][grid] += 1
+                    logps[index][grid] = max(logps[index].get(grid, found.logp), found.logp)
         stepper.forget()
-        if not hits and clock() < input_deadline:  # nothing cleared the cut-off anywhere: the greedy answer
-            prompt = encode(task.train, task.test_inputs[index], max_len=prompt_len).ids
-            fallback = greedy(stepper, prompt, profile.search.max_side, input_deadline, clock)
-            if fallback is not None:
-                hits[decode_grid(fallback.tokens)] = 0
+    stage["search"] += clock() - t0
+    out = []
+    for index in range(inputs):
         t1 = clock()
-        stage["search"] += t1 - t0
-        views = rescoring_views(task, profile.rescore.views, seed)
-        candidates = rescore(task, index, dict(hits), views, lambda items: answer_nlls(model, items), max_len,
-                             input_deadline, clock, profile.rescore.batch)
-        stage["rescore"] += clock() - t1
-        out.append(tuple(rank(candidates)))
+        input_deadline = t1 + (deadline - t1) / (inputs - index)
+        if not hits[index]:  # nothing cleared the cut-off anywhere: the greedy answer
+            prompt = encode(task.train, task.test_inputs[index], max_len=prompt_len).ids
+            fallback = greedy(stepper, prompt, config.max_side, input_deadline, clock)
+            if fallback is None:
+                complete = False
+            else:
+                hits[index][decode_grid(fallback.tokens)] = 0
+        t2 = clock()
+        stage["search"] += t2 - t1
+        rescored = rescore(task, index, dict(hits[index]), rescoring_views(task, profile.rescore.views, seed),
+                           lambda items: answer_nlls(model, items), max_len, input_deadline, clock,
+                           profile.rescore.batch)
+        complete &= rescored.complete
+        stage["rescore"] += clock() - t2
+        out.append(rescored.candidates)
     return TaskOutcome(task.id, tuple(out), dict(stage), report.steps, report.planned, report.losses, steps,
                        complete)
