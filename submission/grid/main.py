@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     heartbeat.beat("loading")
     running: dict[int, str] = {}  # worker -> its task, from the workers' own reports
     finished: list[str] = []
-    quiet_s = profile.run.max_task_s + GRACE_S + 60.0  # past this even a stuck worker is retired by the coordinator
+    quiet_s = profile.run.max_task_s + GRACE_S + 60.0  # past this even a stuck worker is killed and restarted by the coordinator
 
     def beat(phase: str) -> None:
         heartbeat.beat(phase, len(coordinator.stats.restored) + len(finished), len(coordinator.queue.pending),
