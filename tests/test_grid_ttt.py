@@ -195,3 +195,57 @@ def test_an_out_of_memory_step_is_retried_with_checkpointing_and_keeps_the_finis
     assert report.losses == pytest.approx(plain.losses, rel=1e-5)
     assert all(p.grad is None for p in adapter.model.parameters())
     assert any("out of memory" in line and "retried" in line for line in lines)
+
+
+def test_an_adapter_is_loaded_on_the_base_and_each_task_starts_from_its_weights(grid_model, task, tmp_path):
+    """Issue 29 section 2: the study's adapter-loaded runs beat the merged ones; the run loads a PEFT adapter (as
+    training.grid_tune saves it) on the base, trains that adapter per task and resets it to its own weights. With
+    `merge` the adapter is folded into the base and a fresh LoRA of ttt's shape is trained instead."""
+    from peft import LoraConfig, get_peft_model
+
+    from submission.grid.config import ModelConfig
+    from submission.grid.model import load_adapter, load_model
+
+    torch.manual_seed(1)
+    tuned = get_peft_model(load_model(grid_model, "float32"), LoraConfig(
+        r=4, target_modules=list(TTTConfig().targets), modules_to_save=["embed_tokens", "lm_head"],
+        task_type="CAUSAL_LM"))
+    with torch.no_grad():  # a fine-tuned adapter: its B matrices are no longer zero
+        for name, p in tuned.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    tuned.save_pretrained(tmp_path / "adapter")
+    config = TTTConfig(rank=8, sequences=4, lr=1e-3)
+    sequences = training_sequences(task, config, 2048)
+    probe = torch.tensor([sequences[0].ids])
+    with torch.no_grad():
+        expected = tuned(input_ids=probe).logits
+    loaded = ModelConfig(str(grid_model), "float32", adapter=str(tmp_path / "adapter"))
+    adapter = load_adapter(loaded, config)
+    ranks = {r for m in adapter.model.modules() if hasattr(m, "lora_A") for r in m.r.values()}
+    assert ranks == {4}  # the adapter's own LoRA is trained, not a fresh one
+    with torch.no_grad():
+        assert torch.allclose(adapter.model(input_ids=probe).logits, expected, atol=1e-6)
+    adapter.train(sequences)
+    with torch.no_grad():
+        assert not torch.allclose(adapter.model(input_ids=probe).logits, expected, atol=1e-3)
+    adapter.reset()
+    with torch.no_grad():
+        assert torch.allclose(adapter.model(input_ids=probe).logits, expected, atol=1e-6)
+
+    merged = load_adapter(ModelConfig(str(grid_model), "float32", adapter=str(tmp_path / "adapter"), merge=True),
+                          config)
+    assert {r for m in merged.model.modules() if hasattr(m, "lora_A") for r in m.r.values()} == {8}
+    with torch.no_grad():  # a fresh LoRA adds nothing: the merged model computes what the loaded adapter does
+        assert torch.allclose(merged.model(input_ids=probe).logits, expected, atol=1e-4)
+    with pytest.raises(ValueError, match="adapter_config.json is missing"):
+        load_adapter(ModelConfig(str(grid_model), "float32", adapter=str(tmp_path)), config)
+
+
+def test_a_relative_adapter_lies_inside_the_checkpoint_folder():
+    """How a bundle carries the adapter (model/adapter): found wherever boot mounts the model."""
+    from submission.grid.config import ModelConfig
+
+    assert ModelConfig("/mnt/model", adapter="adapter").adapter_dir() == "/mnt/model/adapter"
+    assert ModelConfig("/mnt/model", adapter="/tuned/adapter").adapter_dir() == "/tuned/adapter"
+    assert ModelConfig("/mnt/model").adapter_dir() == ""

@@ -1,4 +1,4 @@
-"""The grid model in transformers: loading, the search's `Stepper` with a rolled-back KV cache, answer likelihoods.
+"""The grid model in transformers: loading (with its adapter), the search's `Stepper` with a rolled-back KV cache, answer likelihoods.
 
 Torch and transformers are imported here only, so the policy modules (format, dfs, rescore, queue) stay importable
 and testable without them.
@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from submission.grid.config import ModelConfig
 from submission.grid.format import PAD, VOCAB
+from submission.grid.ttt import Adapter, TTTConfig
 
 
 def load_model(model_dir: str | Path, dtype: str = "bfloat16", device: str = "cpu"):
@@ -24,6 +26,24 @@ def load_model(model_dir: str | Path, dtype: str = "bfloat16", device: str = "cp
         raise ValueError(f"{model_dir}/config.json: vocab_size is {model.config.vocab_size}, the grid line needs "
                          f"{VOCAB} (cut the checkpoint with python -m build.grid_vocab)")
     return model.eval()
+
+
+def load_adapter(config: ModelConfig, ttt: TTTConfig, device: str = "cpu") -> Adapter:
+    """A worker's model: the base with `config.adapter` loaded on top (the study's adapter-loaded runs; each task
+    starts from the adapter's own weights), or with `config.merge` the adapter merged into the base and a fresh LoRA
+    of `ttt`'s shape trained on that (the study's merged runs); no adapter: a fresh LoRA on the base."""
+    adapter = config.adapter_dir()
+    if adapter and not (Path(adapter) / "adapter_config.json").is_file():
+        raise ValueError(f"model.adapter: {adapter}/adapter_config.json is missing (a PEFT adapter folder, "
+                         f"training.grid_tune's out/adapter)")
+    base = load_model(config.path, config.dtype, device)
+    if not adapter:
+        return Adapter(base, ttt)
+    if config.merge:
+        from peft import PeftModel
+
+        return Adapter(PeftModel.from_pretrained(base, adapter).merge_and_unload(), ttt)
+    return Adapter(base, ttt, adapter)
 
 
 class HFStepper:
