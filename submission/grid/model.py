@@ -6,7 +6,8 @@ and testable without them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +45,31 @@ def load_adapter(config: ModelConfig, ttt: TTTConfig, device: str = "cpu") -> Ad
 
         return Adapter(PeftModel.from_pretrained(base, adapter).merge_and_unload(), ttt)
     return Adapter(base, ttt, adapter)
+
+
+OutOfMemory = torch.OutOfMemoryError  # what a CUDA allocation that does not fit raises
+
+
+def release(model) -> None:
+    """Give the memory of a stage that ran out of it back to the allocator before the stage is retried smaller."""
+    if next(model.parameters()).device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def split_on_oom(nlls: Callable[[Sequence], Sequence[float]], model,
+                 log: Callable[[str], None] = lambda line: print(line, file=sys.stderr)):
+    """`nlls` (answer_nlls over a batch of sequences) that halves a batch which runs out of memory and scores the
+    halves, down to one sequence (whose error is raised): the rescoring keeps the views scored before it."""
+    def run(items: Sequence) -> list[float]:
+        try:
+            return list(nlls(items))
+        except OutOfMemory:
+            if len(items) == 1:
+                raise
+            release(model)
+            log(f"rescoring: out of memory on {len(items)} sequences in one call: halved")
+            return run(items[:len(items) // 2]) + run(items[len(items) // 2:])
+    return run
 
 
 class HFStepper:

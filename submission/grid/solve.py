@@ -9,6 +9,10 @@ At a deadline the search stops where it is and the rescoring keeps the views it 
 hits); every loop checks its deadline before each model call, so a task overruns its limit by at most one forward
 pass (with dfs_batch > 1, one pass of the group).
 
+A CUDA out-of-memory error retries its stage smaller and keeps the finished work (issue 29): the training retries the
+step with checkpointing (submission.grid.ttt); a lockstep search group searches its views one at a time; a
+rescoring call is halved down to one sequence, and one that does not fit leaves the candidates ranked by hits.
+
 If no view finds an answer above the cut-off (a model not yet adapted to the task), the greedy answer under the
 plain view is the input's only candidate, with 0 hits: an answer beats an empty slot. This fallback is the kit's,
 not the study's.
@@ -16,13 +20,15 @@ not the study's.
 
 from __future__ import annotations
 
+import math
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from submission.grid.config import GridProfile
-from submission.grid.dfs import greedy, search, search_batch
+from submission.grid.dfs import SearchResult, greedy, search, search_batch
 from submission.grid.format import decode_grid, encode
 from submission.grid.rescore import Candidate, rank, rescore, rescoring_views, search_views
 from submission.grid.ttt import Adapter, training_sequences
@@ -41,9 +47,22 @@ class TaskOutcome:
     complete: bool  # every search and rescoring finished within the limit
 
 
+def _alone(stepper, prompt, profile: GridProfile, deadline: float, clock) -> SearchResult:
+    """One view's search after its lockstep group ran out of memory; out of memory alone too: nothing, incomplete."""
+    from submission.grid.model import OutOfMemory, release
+
+    try:
+        return search(stepper, prompt, profile.search.cutoff, profile.search.max_side, deadline, clock)
+    except OutOfMemory:
+        release(stepper.model)
+        return SearchResult((), False, 0)
+
+
 def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int, time_limit: float,
-               clock: Callable[[], float] = time.monotonic) -> TaskOutcome:
-    from submission.grid.model import HFBatchStepper, HFStepper, answer_nlls  # torch: only in the worker processes
+               clock: Callable[[], float] = time.monotonic,
+               log: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> TaskOutcome:
+    from submission.grid.model import (HFBatchStepper, HFStepper, OutOfMemory, answer_nlls,  # torch: workers only
+                                       release, split_on_oom)
 
     start = clock()
     deadline = start + time_limit
@@ -69,18 +88,29 @@ def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int,
             prompts = [encode(shown.train, shown.test_inputs[index], max_len=prompt_len).ids
                        for shown in (view.apply(task) for view in batch)]
             if profile.search.dfs_batch == 1 and profile.search.preload and clock() < search_deadline:
-                stepper.preload(prompts)  # the batch's prompts in one model call
+                try:
+                    stepper.preload(prompts)  # the batch's prompts in one model call
+                except OutOfMemory:  # each prompt prefilled as its search starts instead
+                    stepper.forget()
+                    release(model)
+                    log(f"task {task.id}: preloading {len(prompts)} prompts ran out of memory: one at a time")
             group = profile.search.dfs_batch
             for at in range(0, len(batch), group):
                 if clock() >= search_deadline:
                     complete = False
                     break
-                if group == 1:
-                    results = [search(stepper, prompts[at], profile.search.cutoff, profile.search.max_side,
-                                      batch_deadline, clock)]
-                else:  # a fresh stepper per group: the last group's cache is freed before this one's prefill
-                    results = search_batch(HFBatchStepper(model, profile.search.preload), prompts[at:at + group],
-                                           profile.search.cutoff, profile.search.max_side, batch_deadline, clock)
+                try:
+                    if group == 1:
+                        results = [search(stepper, prompts[at], profile.search.cutoff, profile.search.max_side,
+                                          batch_deadline, clock)]
+                    else:  # a fresh stepper per group: the last group's cache is freed before this one's prefill
+                        results = search_batch(HFBatchStepper(model, profile.search.preload), prompts[at:at + group],
+                                               profile.search.cutoff, profile.search.max_side, batch_deadline, clock)
+                except OutOfMemory:  # the group's views one at a time; one that does not fit alone gives nothing
+                    release(model)
+                    log(f"task {task.id}: search out of memory on {len(prompts[at:at + group])} views: one at a time")
+                    results = [_alone(stepper, prompt, profile, batch_deadline, clock)
+                               for prompt in prompts[at:at + group]]
                 for view, result in zip(batch[at:at + group], results):
                     steps += result.steps
                     complete &= result.complete
@@ -89,14 +119,26 @@ def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int,
         stepper.forget()
         if not hits and clock() < input_deadline:  # nothing cleared the cut-off anywhere: the greedy answer
             prompt = encode(task.train, task.test_inputs[index], max_len=prompt_len).ids
-            fallback = greedy(stepper, prompt, profile.search.max_side, input_deadline, clock)
+            try:
+                fallback = greedy(stepper, prompt, profile.search.max_side, input_deadline, clock)
+            except OutOfMemory:
+                release(model)
+                log(f"task {task.id}: the greedy answer ran out of memory")
+                fallback = None
             if fallback is not None:
                 hits[decode_grid(fallback.tokens)] = 0
         t1 = clock()
         stage["search"] += t1 - t0
         views = rescoring_views(task, profile.rescore.views, seed)
-        candidates = rescore(task, index, dict(hits), views, lambda items: answer_nlls(model, items), max_len,
-                             input_deadline, clock, profile.rescore.batch)
+        nlls = split_on_oom(lambda items: answer_nlls(model, items), model, log)
+        try:
+            candidates = rescore(task, index, dict(hits), views, nlls, max_len, input_deadline, clock,
+                                 profile.rescore.batch)
+        except OutOfMemory:  # one sequence does not fit: the candidates by their hits alone (nll 0)
+            release(model)
+            log(f"task {task.id}: rescoring out of memory on one sequence: ranked by hits")
+            candidates = rescore(task, index, dict(hits), views, nlls, max_len, -math.inf, clock)
+            complete = False
         stage["rescore"] += clock() - t1
         out.append(tuple(rank(candidates)))
     return TaskOutcome(task.id, tuple(out), dict(stage), report.steps, report.planned, report.losses, steps,
