@@ -249,3 +249,25 @@ def test_a_relative_adapter_lies_inside_the_checkpoint_folder():
     assert ModelConfig("/mnt/model", adapter="adapter").adapter_dir() == "/mnt/model/adapter"
     assert ModelConfig("/mnt/model", adapter="/tuned/adapter").adapter_dir() == "/tuned/adapter"
     assert ModelConfig("/mnt/model").adapter_dir() == ""
+
+
+def test_the_unsloth_backend_trains_as_peft_does(grid_model, task):
+    """In the unsloth environment only (make test runs it there with -k unsloth): a task's training through unsloth
+    (its kernels; NVARC trained with it) gives the PEFT path's losses from the same start, within 1e-3 relative on
+    the CPU tiny model in float32 (measured: the CPU fallback runs the same operations)."""
+    pytest.importorskip("unsloth")
+    from peft import set_peft_model_state_dict
+
+    from submission.grid.config import ModelConfig
+    from submission.grid.model import load_adapter
+
+    config = TTTConfig(rank=4, sequences=4, lr=1e-3)
+    sequences = training_sequences(task, config, 2048)
+    plain = load_adapter(ModelConfig(str(grid_model), "float32", backend="peft"), config)
+    fast = load_adapter(ModelConfig(str(grid_model), "float32", backend="unsloth"), config)
+    assert hasattr(fast.model, "for_training") and not hasattr(plain.model, "for_training")  # unsloth's wrapping
+    with torch.no_grad():  # the same start: the LoRA's random A matrices differ between the two libraries' inits
+        set_peft_model_state_dict(fast.model, plain.start)
+    expected, got = plain.train(sequences), fast.train(sequences)
+    assert got.steps == expected.steps == 4
+    assert got.losses == pytest.approx(expected.losses, rel=1e-3)

@@ -26,6 +26,11 @@ class ModelConfig:
     dtype: str = "bfloat16"
     adapter: str = ""  # PEFT adapter folder loaded on the base per worker (training.grid_tune's out/adapter); --adapter
     merge: bool = False  # merge the adapter into the base and train a fresh LoRA per task instead; --merge
+    backend: str = "auto"  # the training's: unsloth (its kernels) where its environment is installed, else peft
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("auto", "peft", "unsloth"):
+            raise ValueError(f"model.backend must be auto, peft or unsloth, got {self.backend!r}")
 
     def adapter_dir(self) -> str:
         """The adapter's folder, "" for none. A relative `adapter` lies inside the checkpoint folder: that is how a

@@ -6,6 +6,7 @@ and testable without them.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,22 +30,52 @@ def load_model(model_dir: str | Path, dtype: str = "bfloat16", device: str = "cp
     return model.eval()
 
 
+def training_backend(config: ModelConfig) -> str:
+    """"unsloth" or "peft": `model.backend`, auto meaning unsloth wherever its environment is installed."""
+    if config.backend != "auto":
+        return config.backend
+    return "unsloth" if importlib.util.find_spec("unsloth") is not None else "peft"
+
+
+def _unsloth_base(config: ModelConfig, device: str):
+    """The base through unsloth (its patched kernels), refused unless it has the grid vocabulary."""
+    import unsloth  # noqa: F401 - unsloth patches transformers on import
+    from transformers import AutoConfig
+    from unsloth import FastLanguageModel
+
+    longest = AutoConfig.from_pretrained(config.path).max_position_embeddings  # no RoPE scaling: the model's own
+    model, _ = FastLanguageModel.from_pretrained(model_name=config.path, max_seq_length=longest,
+                                                 dtype=getattr(torch, config.dtype), load_in_4bit=False,
+                                                 use_gradient_checkpointing=False, device_map=device)
+    if model.config.vocab_size != VOCAB:
+        raise ValueError(f"{config.path}/config.json: vocab_size is {model.config.vocab_size}, the grid line needs "
+                         f"{VOCAB} (cut the checkpoint with python -m build.grid_vocab)")
+    return model
+
+
 def load_adapter(config: ModelConfig, ttt: TTTConfig, device: str = "cpu") -> Adapter:
     """A worker's model: the base with `config.adapter` loaded on top (the study's adapter-loaded runs; each task
     starts from the adapter's own weights), or with `config.merge` the adapter merged into the base and a fresh LoRA
-    of `ttt`'s shape trained on that (the study's merged runs); no adapter: a fresh LoRA on the base."""
+    of `ttt`'s shape trained on that (the study's merged runs); no adapter: a fresh LoRA on the base. Through
+    unsloth where `training_backend` says so (the same adapter, its kernels: NVARC trained with unsloth)."""
+    from peft import PeftModel
+
     adapter = config.adapter_dir()
     if adapter and not (Path(adapter) / "adapter_config.json").is_file():
         raise ValueError(f"model.adapter: {adapter}/adapter_config.json is missing (a PEFT adapter folder, "
                          f"training.grid_tune's out/adapter)")
-    base = load_model(config.path, config.dtype, device)
-    if not adapter:
-        return Adapter(base, ttt)
-    if config.merge:
-        from peft import PeftModel
+    unsloth = training_backend(config) == "unsloth"
+    base = _unsloth_base(config, device) if unsloth else load_model(config.path, config.dtype, device)
+    if adapter and config.merge:
+        base, adapter = PeftModel.from_pretrained(base, adapter).merge_and_unload(), ""
+    if adapter or not unsloth:
+        return Adapter(base, ttt, adapter)
+    from unsloth import FastLanguageModel
 
-        return Adapter(PeftModel.from_pretrained(base, adapter).merge_and_unload(), ttt)
-    return Adapter(base, ttt, adapter)
+    return Adapter(FastLanguageModel.get_peft_model(
+        base, r=ttt.rank, lora_alpha=ttt.alpha, lora_dropout=0.0, target_modules=list(ttt.targets),
+        use_rslora=ttt.rslora, modules_to_save=list(ttt.full) or None, use_gradient_checkpointing=False,
+        random_state=0), ttt)
 
 
 OutOfMemory = torch.OutOfMemoryError  # what a CUDA allocation that does not fit raises

@@ -128,7 +128,8 @@ class TTTReport:
 
 class Adapter:
     """A base model wrapped once with the task adapter; `reset` restores the adapter's weights, `train` adapts it to
-    one task. `adapter`: a PEFT adapter folder to load on the base (its own rank and targets), "" for a fresh LoRA."""
+    one task. `adapter`: a PEFT adapter folder to load on the base (its own rank and targets), "" for a fresh LoRA;
+    a model wrapped already (a PeftModel) is taken as it is."""
 
     def __init__(self, model, config: TTTConfig, adapter: str = "",
                  log: Callable[[str], None] = lambda line: print(line, file=sys.stderr)):
@@ -136,7 +137,9 @@ class Adapter:
         from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 
         self.config, self.log, self._torch = config, log, torch
-        if adapter:  # as saved: is_trainable keeps its LoRA and modules_to_save trainable for the task's training
+        if isinstance(model, PeftModel):  # wrapped already (unsloth's get_peft_model: submission.grid.model)
+            self.model = model
+        elif adapter:  # as saved: is_trainable keeps its LoRA and modules_to_save trainable for the task's training
             self.model = PeftModel.from_pretrained(model, adapter, is_trainable=True, autocast_adapter_dtype=False)
         else:
             lora = LoraConfig(r=config.rank, lora_alpha=config.alpha, use_rslora=config.rslora, lora_dropout=0.0,
@@ -144,13 +147,14 @@ class Adapter:
                               task_type="CAUSAL_LM")
             self.model = get_peft_model(model, lora, autocast_adapter_dtype=False)
         self.checkpointing = False
-        self._snapshot = {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
+        self.start = {  # the adapter's weights every task starts from
+            k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
 
     def reset(self) -> None:
         from peft import set_peft_model_state_dict
 
         with self._torch.no_grad():
-            set_peft_model_state_dict(self.model, self._snapshot)
+            set_peft_model_state_dict(self.model, self.start)
 
     def set_checkpointing(self, on: bool) -> None:
         if on and not self.checkpointing:
