@@ -271,3 +271,15 @@ def test_the_unsloth_backend_trains_as_peft_does(grid_model, task):
     expected, got = plain.train(sequences), fast.train(sequences)
     assert got.steps == expected.steps == 4
     assert got.losses == pytest.approx(expected.losses, rel=1e-3)
+
+
+def test_the_run_refuses_an_adapter_folder_without_its_config_before_any_work(grid_model, arc_data, tmp_path, capsys):
+    from submission.grid.main import main
+
+    common = ["--tasks", str(arc_data / "arc-agi-2" / "evaluation"), "--max-tasks", "1", "--model", str(grid_model),
+              "--out", str(tmp_path / "submission.json")]
+    assert main(common + ["--adapter", str(tmp_path / "missing")]) == 2
+    assert f"model.adapter: {tmp_path / 'missing'}/adapter_config.json is missing" in capsys.readouterr().err
+    assert main(common + ["--merge"]) == 2
+    assert "model.merge needs model.adapter" in capsys.readouterr().err
+    assert not (tmp_path / "submission.json").exists()
