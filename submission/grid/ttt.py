@@ -80,11 +80,13 @@ def training_sequences(task: Task, config: TTTConfig, max_len: int, seed: int = 
 
 def activation_bytes_per_token(layers: int, hidden: int, intermediate: int, rank: int, vocab: int,
                                dtype_bytes: int) -> int:
-    """An estimate of what one token's forward pass keeps for the backward pass without checkpointing. Per layer:
-    the norms' inputs and outputs, q/k/v, the attention and o_proj outputs and the residuals (~12 x hidden), the
-    MLP's gate, up, activation and product (4 x intermediate), each LoRA's rank-wide intermediate (7 x rank); then
-    the logits and their float32 log-softmax. An estimate, not a measurement: `ttt.memory_share` is its margin."""
-    return layers * (12 * hidden + 4 * intermediate + 7 * rank) * dtype_bytes + vocab * (dtype_bytes + 8)
+    """An estimate of what one token's forward pass keeps for the backward pass without checkpointing, in bytes. Per
+    layer: the two RMSNorms (each keeps its input and normalised output, upcast to float32: ~5 x hidden), q/k/v with
+    the q/k norms and RoPE, and what attention keeps (q, k, v, its output: ~9 x hidden), o_proj's input and the
+    residuals (~6 x hidden), the MLP's gate, up, activation and product (4 x intermediate), each LoRA's rank-wide
+    intermediate (7 x rank); then the logits and their float32 log-softmax. An estimate, meant to err high; a GPU
+    check measures it (tests/test_grid_ttt.py, requires_gpu) and `ttt.memory_share` is its margin."""
+    return layers * (20 * hidden + 4 * intermediate + 7 * rank) * dtype_bytes + vocab * (dtype_bytes + 8)
 
 
 def use_checkpointing(mode: str, longest: int, per_token_bytes: int, free_bytes: float,
