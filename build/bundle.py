@@ -230,8 +230,9 @@ def bundle(profile: str, model: Path, out: Path, target: str = "cpu-py311", data
            boot: dict | None = None, adapter: Path | None = None) -> Path:
     """The dataset for `profile` in `out`; a combined profile's (line "both") with `model` the reasoning line's
     checkpoint and `grid_model` the grid line's. `adapter` (the grid line's fine-tuned PEFT adapter) goes inside the
-    grid model's folder where the profile's model.adapter names it (issue 29: the run loads it on the base). `competition` is the slug whose mount boot reads the tasks from;
-    `boot` overrides boot's supervision of the solver (submission.supervise.SuperviseConfig's fields)."""
+    grid model's folder where the profile's model.adapter names it (issue 29: the run loads it on the base).
+    `competition` is the slug whose mount boot reads the tasks from; `boot` overrides boot's supervision of the
+    solver (submission.supervise.SuperviseConfig's fields)."""
     line = bundled_line(profile)
     boot = asdict(SuperviseConfig(**(boot or {})))  # unknown fields refused before anything is copied
     if (line == "both") != (grid_model is not None):

@@ -29,8 +29,8 @@ def test_search_and_rescoring_run_out_of_memory_and_give_the_unbatched_answers(a
     task = min(load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks, key=task_cost)
     tiny = load_grid_profile("grid-tiny")
     profile = replace(tiny, ttt=replace(tiny.ttt, rank=4, sequences=2),
-                      search=replace(tiny.search, dihedrals=2, colour_perms=1, views_per_batch=2, dfs_batch=2, preload=True,
-                                     batch_s=1e6),
+                      search=replace(tiny.search, dihedrals=2, colour_perms=1, views_per_batch=2, dfs_batch=2,
+                                     preload=True, batch_s=1e6),
                       rescore=replace(tiny.rescore, views=2, batch=8))
     one_by_one = replace(profile, search=replace(profile.search, dfs_batch=1), rescore=replace(profile.rescore,
                                                                                                  batch=1))

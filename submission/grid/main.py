@@ -40,7 +40,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="grid checkpoint folder (build.grid_vocab's output)")
     p.add_argument("--adapter", help="a PEFT adapter folder loaded on the model per worker (training.grid_tune's "
                    "out/adapter); each task's training starts from its weights")
-    p.add_argument("--merge", action="store_true", help="merge --adapter into the model instead (a fresh LoRA per task)")
+    p.add_argument("--merge", action="store_true",
+                   help="merge --adapter into the model instead (a fresh LoRA per task)")
     p.add_argument("--deadline", type=float, help="time limit in seconds from now")
     p.add_argument("--scale-schedule", action="store_true",
                    help="scale the margins and task limits to --deadline (the commit run's rehearsal)")

@@ -1,4 +1,5 @@
-"""The grid model in transformers: loading (with its adapter), the search's `Stepper` with a rolled-back KV cache, answer likelihoods.
+"""The grid model in transformers: loading (with its adapter), the search's `Stepper` with a rolled-back KV cache,
+answer likelihoods, the out-of-memory retries' helpers.
 
 Torch and transformers are imported here only, so the policy modules (format, dfs, rescore, queue) stay importable
 and testable without them.

@@ -1,8 +1,9 @@
 """One task on one worker: test-time training, then per test input the search under 16 views and the rescoring.
 
 The task's time limit is split as the study did: training takes at most `ttt.share` of it (the steps that fit are
-planned before it starts and all run: submission.grid.ttt); the rest goes to the test inputs in equal parts. Each part is searched (all but its `rescore.share`) in batches of views
-(`search.views_per_batch`, at most `search.batch_s` each) and then rescored. Within a batch, `search.dfs_batch` views
+planned before it starts and all run: submission.grid.ttt); the rest goes to the test inputs in equal parts. Each
+part is searched (all but its `rescore.share`) in batches of views (`search.views_per_batch`, at most
+`search.batch_s` each) and then rescored. Within a batch, `search.dfs_batch` views
 at a time walk their trees in lockstep, one model call per step for all of them (1: one view after the other);
 `search.preload` prefills the prompts searched together (the whole batch when dfs_batch is 1) in one model call.
 At a deadline the search stops where it is and the rescoring keeps the views it finished (none: nll 0, ranked by
