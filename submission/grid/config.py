@@ -1,7 +1,7 @@
 """Grid-line profiles: one TOML file (profiles/grid-*.toml) with `line = "grid"`, validated like every profile.
 
     line = "grid"
-    [model]    checkpoint (made by build.grid_vocab), dtype           (ModelConfig)
+    [model]    checkpoint (made by build.grid_vocab), dtype, adapter  (ModelConfig)
     [ttt]      per-task test-time training                             (submission.grid.ttt.TTTConfig)
     [search]   views, cut-off and time per batch of the search         (SearchConfig)
     [rescore]  fresh views for the rescoring                           (RescoreConfig)
@@ -26,6 +26,20 @@ from submission.grid.ttt import TTTConfig
 class ModelConfig:
     path: str = ""  # checkpoint folder; --model overrides it
     dtype: str = "bfloat16"
+    adapter: str = ""  # PEFT adapter folder loaded on the base per worker (training.grid_tune's out/adapter); --adapter
+    merge: bool = False  # merge the adapter into the base and train a fresh LoRA per task instead; --merge
+    backend: str = "auto"  # the training's: unsloth (its kernels) where its environment is installed, else peft
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("auto", "peft", "unsloth"):
+            raise ValueError(f"model.backend must be auto, peft or unsloth, got {self.backend!r}")
+
+    def adapter_dir(self) -> str:
+        """The adapter's folder, "" for none. A relative `adapter` lies inside the checkpoint folder: that is how a
+        bundle carries one (model/adapter, build.bundle --adapter), found wherever boot mounts the model."""
+        if not self.adapter or Path(self.adapter).is_absolute():
+            return self.adapter
+        return str(Path(self.path) / self.adapter)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The grid model in transformers: loading, the search's `Stepper` with a rolled-back KV cache, answer likelihoods.
+"""The grid model in transformers: loading (with its adapter), the search's `Stepper` with a rolled-back KV cache,
+answer likelihoods, the out-of-memory retries' helpers.
 
 The search's caches are preallocated (`_Preallocated`): transformers' DynamicLayer appends a token with `torch.cat`,
 a copy of the whole cache per token, per layer; the search writes the token into its slot and crops by shortening a
@@ -10,7 +11,9 @@ modules (format, dfs, rescore, queue) stay importable and testable without them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import importlib.util
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +21,9 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from submission.grid.config import ModelConfig
 from submission.grid.format import PAD, VOCAB
+from submission.grid.ttt import Adapter, TTTConfig
 
 ANSWER_ROOM = 931  # a 30 x 30 grid, its newlines and <eos>: what a search cache holds beyond its prompt
 
@@ -32,6 +37,79 @@ def load_model(model_dir: str | Path, dtype: str = "bfloat16", device: str = "cp
         raise ValueError(f"{model_dir}/config.json: vocab_size is {model.config.vocab_size}, the grid line needs "
                          f"{VOCAB} (cut the checkpoint with python -m build.grid_vocab)")
     return model.eval()
+
+
+def training_backend(config: ModelConfig) -> str:
+    """"unsloth" or "peft": `model.backend`, auto meaning unsloth wherever its environment is installed."""
+    if config.backend != "auto":
+        return config.backend
+    return "unsloth" if importlib.util.find_spec("unsloth") is not None else "peft"
+
+
+def _unsloth_base(config: ModelConfig, device: str):
+    """The base through unsloth (its patched kernels), refused unless it has the grid vocabulary."""
+    import unsloth  # noqa: F401 - unsloth patches transformers on import
+    from transformers import AutoConfig
+    from unsloth import FastLanguageModel
+
+    longest = AutoConfig.from_pretrained(config.path).max_position_embeddings  # no RoPE scaling: the model's own
+    model, _ = FastLanguageModel.from_pretrained(model_name=config.path, max_seq_length=longest,
+                                                 dtype=getattr(torch, config.dtype), load_in_4bit=False,
+                                                 use_gradient_checkpointing=False, device_map=device)
+    if model.config.vocab_size != VOCAB:
+        raise ValueError(f"{config.path}/config.json: vocab_size is {model.config.vocab_size}, the grid line needs "
+                         f"{VOCAB} (cut the checkpoint with python -m build.grid_vocab)")
+    return model
+
+
+def load_adapter(config: ModelConfig, ttt: TTTConfig, device: str = "cpu") -> Adapter:
+    """A worker's model: the base with `config.adapter` loaded on top (the study's adapter-loaded runs; each task
+    starts from the adapter's own weights), or with `config.merge` the adapter merged into the base and a fresh LoRA
+    of `ttt`'s shape trained on that (the study's merged runs); no adapter: a fresh LoRA on the base. Through
+    unsloth where `training_backend` says so (the same adapter, its kernels: NVARC trained with unsloth)."""
+    from peft import PeftModel
+
+    adapter = config.adapter_dir()
+    if adapter and not (Path(adapter) / "adapter_config.json").is_file():
+        raise ValueError(f"model.adapter: {adapter}/adapter_config.json is missing (a PEFT adapter folder, "
+                         f"training.grid_tune's out/adapter)")
+    unsloth = training_backend(config) == "unsloth"
+    base = _unsloth_base(config, device) if unsloth else load_model(config.path, config.dtype, device)
+    if adapter and config.merge:
+        base, adapter = PeftModel.from_pretrained(base, adapter).merge_and_unload(), ""
+    if adapter or not unsloth:
+        return Adapter(base, ttt, adapter)
+    from unsloth import FastLanguageModel
+
+    return Adapter(FastLanguageModel.get_peft_model(
+        base, r=ttt.rank, lora_alpha=ttt.alpha, lora_dropout=0.0, target_modules=list(ttt.targets),
+        use_rslora=ttt.rslora, modules_to_save=list(ttt.full) or None, use_gradient_checkpointing=False,
+        random_state=0), ttt)
+
+
+OutOfMemory = torch.OutOfMemoryError  # what a CUDA allocation that does not fit raises
+
+
+def release(model) -> None:
+    """Give the memory of a stage that ran out of it back to the allocator before the stage is retried smaller."""
+    if next(model.parameters()).device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def split_on_oom(nlls: Callable[[Sequence], Sequence[float]], model,
+                 log: Callable[[str], None] = lambda line: print(line, file=sys.stderr)):
+    """`nlls` (answer_nlls over a batch of sequences) that halves a batch which runs out of memory and scores the
+    halves, down to one sequence (whose error is raised): the rescoring keeps the views scored before it."""
+    def run(items: Sequence) -> list[float]:
+        try:
+            return list(nlls(items))
+        except OutOfMemory:
+            if len(items) == 1:
+                raise
+            release(model)
+            log(f"rescoring: out of memory on {len(items)} sequences in one call: halved")
+            return run(items[:len(items) // 2]) + run(items[len(items) // 2:])
+    return run
 
 
 class HFStepper:

@@ -1,6 +1,7 @@
 """One task on one worker: test-time training, then the search under 16 views per test input, then the rescoring.
 
-The task's time limit is split as the study did: training takes at most `ttt.share` of it; of the rest,
+The task's time limit is split as the study did: training takes at most `ttt.share` of it (the steps that fit are
+planned before it starts and all run: submission.grid.ttt); of the rest,
 `rescore.share` is kept for the rescoring and the search has the remainder. The search runs in batches of views
 (`search.views_per_batch`) taken in turn across the task's test inputs, as NVARC does (`search_order`): every input
 has half its views searched before any has the rest, so a deadline leaves every input an answer. Each batch may
@@ -14,6 +15,11 @@ and the rescoring keeps the views it finished (none: nll 0, ranked by hits); eve
 each model call, so a task overruns its limit by at most one forward pass (with dfs_batch > 1, one pass of the
 group). `complete` is true only if every search and every rescoring finished.
 
+A CUDA out-of-memory error retries its stage smaller and keeps the finished work (issue 29): the training retries the
+step with checkpointing (submission.grid.ttt); a preload falls back to one prompt at a time, a lockstep search group
+searches its views one at a time; a rescoring call is halved down to one sequence, and one that does not fit leaves
+the candidates ranked by hits.
+
 If no view finds an answer above the cut-off (a model not yet adapted to the task), the greedy answer under the
 plain view is the input's only candidate, with 0 hits: an answer beats an empty slot. This fallback is the kit's,
 not the study's.
@@ -21,13 +27,15 @@ not the study's.
 
 from __future__ import annotations
 
+import math
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from submission.grid.config import GridProfile
-from submission.grid.dfs import greedy, search, search_batch
+from submission.grid.dfs import SearchResult, greedy, search, search_batch
 from submission.grid.format import EOS, decode_grid, encode, grid_ids
 from submission.grid.rescore import Candidate, rescore, rescoring_views, search_views
 from submission.grid.ttt import Adapter, training_sequences
@@ -57,16 +65,29 @@ def best_answer(hits: Counter, logps: dict[Grid, float]) -> Grid | None:
     return max(hits, key=lambda grid: (hits[grid], logps[grid]), default=None)
 
 
+def _alone(stepper, prompt, guess, profile: GridProfile, deadline: float, clock) -> SearchResult:
+    """One view's search after its lockstep group ran out of memory; out of memory alone too: nothing, incomplete."""
+    from submission.grid.model import OutOfMemory, release
+
+    try:
+        return search(stepper, prompt, profile.search.cutoff, profile.search.max_side, deadline, clock, guess=guess)
+    except OutOfMemory:
+        release(stepper.model)
+        return SearchResult((), False, 0)
+
+
 def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int, time_limit: float,
-               clock: Callable[[], float] = time.monotonic) -> TaskOutcome:
-    from submission.grid.model import HFBatchStepper, HFStepper, answer_nlls  # torch: only in the worker processes
+               clock: Callable[[], float] = time.monotonic,
+               log: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> TaskOutcome:
+    from submission.grid.model import (HFBatchStepper, HFStepper, OutOfMemory, answer_nlls,  # torch: workers only
+                                       release, split_on_oom)
 
     start = clock()
     deadline = start + time_limit
     seed, config = profile.rescore.seed, profile.search
     sequences = training_sequences(task, profile.ttt, max_len, seed)
     adapter.reset()
-    report = adapter.train(sequences, start + profile.ttt.share * time_limit, clock)
+    report = adapter.train(sequences, profile.ttt.share * time_limit, clock)
     model = adapter.model
     stepper = HFStepper(model, profile.run.answer_room)
     prompt_len = max_len - profile.run.answer_room
@@ -90,7 +111,12 @@ def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int,
         prompts = [encode(shown.train, shown.test_inputs[index], max_len=prompt_len).ids
                    for shown in (view.apply(task) for view in batch)]
         if config.dfs_batch == 1 and config.preload:
-            stepper.preload(prompts)  # the batch's prompts in one model call
+            try:
+                stepper.preload(prompts)  # the batch's prompts in one model call
+            except OutOfMemory:  # each prompt prefilled as its search starts instead
+                stepper.forget()
+                release(model)
+                log(f"task {task.id}: preloading {len(prompts)} prompts ran out of memory: one at a time")
         for at in range(0, len(batch), config.dfs_batch):
             if clock() >= batch_deadline:
                 complete = False
@@ -98,13 +124,19 @@ def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int,
             group = batch[at:at + config.dfs_batch]
             best = best_answer(hits[index], logps[index])
             guesses = [(*grid_ids(view.apply_grid(best)), EOS) if best is not None else () for view in group]
-            if len(group) == 1:
-                results = [search(stepper, prompts[at], config.cutoff, config.max_side, batch_deadline, clock,
-                                  guess=guesses[0])]
-            else:  # a fresh stepper per group: the last group's cache is freed before this one's prefill
-                results = search_batch(HFBatchStepper(model, config.preload, room=profile.run.answer_room),
-                                       prompts[at:at + len(group)], config.cutoff, config.max_side, batch_deadline,
-                                       clock, guesses)
+            try:
+                if len(group) == 1:
+                    results = [search(stepper, prompts[at], config.cutoff, config.max_side, batch_deadline, clock,
+                                      guess=guesses[0])]
+                else:  # a fresh stepper per group: the last group's cache is freed before this one's prefill
+                    results = search_batch(HFBatchStepper(model, config.preload, room=profile.run.answer_room),
+                                           prompts[at:at + len(group)], config.cutoff, config.max_side,
+                                           batch_deadline, clock, guesses)
+            except OutOfMemory:  # the group's views one at a time; one that does not fit alone gives nothing
+                release(model)
+                log(f"task {task.id}: search out of memory on {len(group)} views: one at a time")
+                results = [_alone(stepper, prompt, guess, profile, batch_deadline, clock)
+                           for prompt, guess in zip(prompts[at:at + len(group)], guesses)]
             for view, result in zip(group, results):
                 steps += result.steps
                 complete &= result.complete
@@ -120,16 +152,28 @@ def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int,
         input_deadline = t1 + (deadline - t1) / (inputs - index)
         if not hits[index]:  # nothing cleared the cut-off anywhere: the greedy answer
             prompt = encode(task.train, task.test_inputs[index], max_len=prompt_len).ids
-            fallback = greedy(stepper, prompt, config.max_side, input_deadline, clock)
+            try:
+                fallback = greedy(stepper, prompt, config.max_side, input_deadline, clock)
+            except OutOfMemory:
+                release(model)
+                log(f"task {task.id}: the greedy answer ran out of memory")
+                fallback = None
             if fallback is None:
                 complete = False
             else:
                 hits[index][decode_grid(fallback.tokens)] = 0
         t2 = clock()
         stage["search"] += t2 - t1
-        rescored = rescore(task, index, dict(hits[index]), rescoring_views(task, profile.rescore.views, seed),
-                           lambda items: answer_nlls(model, items), max_len, input_deadline, clock,
-                           profile.rescore.batch)
+        views = rescoring_views(task, profile.rescore.views, seed)
+        nlls = split_on_oom(lambda items: answer_nlls(model, items), model, log)
+        try:
+            rescored = rescore(task, index, dict(hits[index]), views, nlls, max_len, input_deadline, clock,
+                               profile.rescore.batch)
+        except OutOfMemory:  # one sequence does not fit: the candidates by their hits alone (nll 0)
+            release(model)
+            log(f"task {task.id}: rescoring out of memory on one sequence: ranked by hits")
+            rescored = rescore(task, index, dict(hits[index]), views, nlls, max_len, -math.inf, clock)
+            complete = False
         complete &= rescored.complete
         stage["rescore"] += clock() - t2
         out.append(rescored.candidates)

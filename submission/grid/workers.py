@@ -75,9 +75,8 @@ def worker_main(worker: int, profile: GridProfile, inbox, report: Connection) ->
     """A worker process: load once, then solve tasks from `inbox` until told to stop (None) or orphaned."""
     import torch
 
-    from submission.grid.model import load_model
+    from submission.grid.model import load_adapter
     from submission.grid.solve import solve_task
-    from submission.grid.ttt import Adapter
 
     def send(kind: str, task_id: str | None, payload) -> None:
         try:
@@ -90,7 +89,7 @@ def worker_main(worker: int, profile: GridProfile, inbox, report: Connection) ->
     parent = os.getppid()
     device = profile.run.devices[worker]
     try:
-        adapter = Adapter(load_model(profile.model.path, profile.model.dtype, device), profile.ttt)
+        adapter = load_adapter(profile.model, profile.ttt, device)
     except Exception as err:  # noqa: BLE001 - reported, then the worker is gone
         send("dead", None, f"{type(err).__name__}: {err}")
         return
