@@ -63,9 +63,9 @@ test: engine-env build-env unsloth-env vllm-gpu-wheel
 	$(BPY) -m pytest -q tests/test_prune.py tests/test_patch_eot.py tests/test_quantize.py tests/test_nvfp4.py tests/test_pipeline.py \
 	    tests/test_rft.py tests/test_fused_groups.py tests/test_layerwise.py tests/test_build_scale.py \
 	    tests/test_kaggle_upload.py tests/test_kaggle_rehearsal.py
-	$(BPY) -m pytest -q tests/test_grid_ttt.py tests/test_grid_workers.py tests/test_grid_tune.py tests/test_grid_nvarc.py \
-	    tests/test_grid_resume.py tests/test_grid_both.py tests/test_corpus_mix.py
-	$(UPY) -m pytest -q tests/test_rft.py tests/test_grid_tune.py -k unsloth
+	$(BPY) -m pytest -q tests/test_grid_ttt.py tests/test_grid_oom.py tests/test_grid_workers.py tests/test_grid_nvarc.py \
+	    tests/test_grid_tune.py tests/test_grid_resume.py tests/test_grid_both.py tests/test_corpus_mix.py
+	$(UPY) -m pytest -q tests/test_rft.py tests/test_grid_tune.py tests/test_grid_ttt.py -k unsloth
 
 # The Kaggle rehearsal (tests/test_kaggle_rehearsal.py, also in make test): the CPU bundle uploaded by the real Kaggle
 # client (intercepted at the network call), mounted read-only with the network cut, the notebook's cells run as Kaggle
@@ -185,11 +185,13 @@ wheels: env
 # The offline Kaggle dataset, built as the profile's [build] section says. By default the CPU demo: a tiny Qwen3 for
 # the cpu-tiny profile. For a real model: make bundle PROFILE=moe-4xL4 MODEL=/ckpt LIST=lists/c8.json
 # (TARGET=, RECIPE=, CALIBRATION_TASKS= override the profile). A combined profile takes both models:
-# make bundle PROFILE=both-4xL4 MODEL=/reasoning-ckpt GRID_MODEL=/grid-ckpt. COMPETITION= names the competition
-# whose mount (/kaggle/input/<slug>/) boot reads the tasks from (default arc-prize-2025).
+# make bundle PROFILE=both-4xL4 MODEL=/reasoning-ckpt GRID_MODEL=/grid-ckpt. ADAPTER= bundles the grid line's
+# fine-tuned adapter (training.grid_tune's out/adapter) inside its model, where the profile's model.adapter names it.
+# COMPETITION= names the competition whose mount (/kaggle/input/<slug>/) boot reads the tasks from (default
+# arc-prize-2025).
 PROFILE ?= cpu-tiny
 BUNDLE_ARGS = $(if $(filter command line,$(origin TARGET)),--target $(TARGET)) $(if $(MODEL),--model $(MODEL)) \
-	$(if $(GRID_MODEL),--grid-model $(GRID_MODEL)) \
+	$(if $(GRID_MODEL),--grid-model $(GRID_MODEL)) $(if $(ADAPTER),--adapter $(ADAPTER)) \
 	$(if $(LIST),--list $(LIST)) $(if $(RECIPE),--recipe $(RECIPE)) \
 	$(if $(CALIBRATION_TASKS),--calibration-tasks $(CALIBRATION_TASKS)) $(if $(ID),--id $(ID)) \
 	$(if $(COMPETITION),--competition $(COMPETITION))
@@ -212,7 +214,9 @@ train-rft: engine-env build-env
 	$(BPY) -m training.rft --config training/rft-tiny.toml --merge
 
 # Continued fine-tuning of the grid model on the tiny demo model: rows from 4 labelled ARC-AGI-2 training tasks in 16
-# views each, a short LoRA run checkpointed every 4 steps (a second run resumes), the merge. Real runs: README.
+# views each, a short LoRA run checkpointed every 4 steps (a second run resumes), the merge. $(GT)/run/adapter is what
+# the solver loads on the base (submission.grid.main --adapter; --merge, or $(GT)/run/merged, for the merged form).
+# Real runs: README.
 GT = $(OUT)/train-grid
 train-grid: build-env
 	rm -rf $(GT) && mkdir -p $(GT)
@@ -241,6 +245,7 @@ bench: env build-env
 	$(BPY) benchmarks/prune_and_calibrate.py || echo prune_and_calibrate >> $(MISSED)
 	$(BPY) benchmarks/quantize_throughput.py || echo quantize_throughput >> $(MISSED)
 	$(BPY) benchmarks/grid_throughput.py || echo grid_throughput >> $(MISSED)
+	$(BPY) benchmarks/grid_search.py || echo grid_search >> $(MISSED)
 	$(BPY) benchmarks/build_scale.py || echo build_scale >> $(MISSED)
 	$(PY) benchmarks/corpus_admission.py || echo corpus_admission >> $(MISSED)
 	@if [ -f $(MISSED) ]; then echo "missed a target or failed: $$(tr '\n' ' ' < $(MISSED))"; exit 1; fi

@@ -66,9 +66,11 @@ class NoCacheStepper:
         logits = self.model(input_ids=torch.tensor([self.ids]), use_cache=False).logits[0, -1]
         return torch.log_softmax(logits.float(), -1).numpy()
 
-    def prefill(self, ids):
-        self.ids = list(ids)
-        return self._run()
+    @torch.no_grad()
+    def prefill(self, ids, guess=()):
+        self.ids = [*ids, *guess]
+        logits = self.model(input_ids=torch.tensor([self.ids]), use_cache=False).logits[0, len(ids) - 1:]
+        return torch.log_softmax(logits.float(), -1).numpy()
 
     def push(self, token):
         self.ids.append(token)
@@ -159,7 +161,7 @@ def main() -> int:
     timed = {}
     for batch in (1, 8 * len(hits)):
         t = time.perf_counter()
-        ranked = rescore(task, 0, hits, views, lambda items: answer_nlls(model, items), 4096, batch=batch)
+        ranked = rescore(task, 0, hits, views, lambda items: answer_nlls(model, items), 4096, batch=batch).candidates
         timed[batch] = (time.perf_counter() - t, [c.nll for c in ranked])
     (one_s, one), (all_s, together) = timed.values()
     assert np.allclose(one, together, rtol=1e-5), (one, together)  # the same NLLs, up to float rounding

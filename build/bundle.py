@@ -1,6 +1,7 @@
 """Lay out the offline Kaggle dataset: wheels, model, kit code and a manifest of checksums.
 
-    python -m build.bundle --profile NAME --model DIR --out DIR [--grid-model DIR] [--target cpu-py311]
+    python -m build.bundle --profile NAME --model DIR --out DIR [--grid-model DIR] [--adapter DIR]
+                           [--target cpu-py311]
                            [--id user/slug]
     python -m build.bundle verify DIR
 
@@ -15,7 +16,9 @@ reassembled at boot (submission/boot.py). `verify` re-checks every hash and says
 profile (`line = "grid"`) bundles build.grid_vocab's 16-token checkpoint the same way; boot runs it through
 submission.main, which hands it to the grid line. A combined profile (`line = "both"`) takes two: `--model` the
 reasoning line's checkpoint into `model/`, `--grid-model` the 16-token grid model into `grid-model/`, both in the
-manifest; `kit/bundle.json` says `"line": "both"` and boot runs submission.grid.both with both. The notebook is
+manifest; `kit/bundle.json` says `"line": "both"` and boot runs submission.grid.both with both. `--adapter` puts the
+grid line's fine-tuned adapter inside the grid model's folder, where the profile's relative model.adapter finds it
+at run time (the base and the adapter both travel; issue 29). The notebook is
 kaggle/notebook.ipynb (build.notebook).
 """
 
@@ -171,6 +174,37 @@ def bundled_line(profile: str) -> str:
     return line or "reasoning"
 
 
+def grid_adapter(profile: str, line: str) -> str:
+    """The grid line's model.adapter as `profile` names it ("" for none, or a reasoning-line profile)."""
+    from submission.grid.both import line_configs, load_both_profile
+    from submission.grid.config import load_grid_profile
+
+    if line == "both":
+        return line_configs(load_both_profile(profile))[1].model.adapter
+    return load_grid_profile(profile).model.adapter if line == "grid" else ""
+
+
+def adapter_problem(named: str, adapter: Path | None, grid_model: Path) -> str:
+    """What stops a bundle carrying the grid line's adapter, "" if nothing. The profile's model.adapter names a
+    folder inside the grid model (a relative path, e.g. "adapter"); `adapter` (--adapter) is copied there, or the
+    model folder already holds it. A path outside the model would not exist on Kaggle."""
+    if named and Path(named).is_absolute():
+        return (f"model.adapter = {named!r} is outside the bundle: name a folder inside the model "
+                f"(adapter = \"adapter\") and pass the adapter with --adapter")
+    if adapter is None:
+        if named and not (grid_model / named / "adapter_config.json").is_file():
+            return (f"model.adapter = {named!r}: {grid_model / named}/adapter_config.json is missing "
+                    f"(pass the adapter with --adapter DIR)")
+        return ""
+    if not named:
+        return "--adapter needs a grid-line profile whose model.adapter names its folder (adapter = \"adapter\")"
+    if not (adapter / "adapter_config.json").is_file():
+        return f"--adapter: {adapter}/adapter_config.json is missing (training.grid_tune's out/adapter)"
+    if (grid_model / named).exists():
+        return f"--adapter: {grid_model / named} exists already: one adapter, from one place"
+    return ""
+
+
 def model_problem(line: str, config: dict) -> str:
     """What makes a checkpoint (its config.json) the wrong model for a line, "" if nothing: the grid line needs
     build.grid_vocab's 16-token cut, the reasoning line a full vocabulary."""
@@ -193,10 +227,12 @@ def check_model(model: Path, line: str) -> None:
 
 def bundle(profile: str, model: Path, out: Path, target: str = "cpu-py311", dataset_id: str = PLACEHOLDER_ID,
            max_file_bytes: int = 20 * 2**30, grid_model: Path | None = None, competition: str = COMPETITION,
-           boot: dict | None = None) -> Path:
+           boot: dict | None = None, adapter: Path | None = None) -> Path:
     """The dataset for `profile` in `out`; a combined profile's (line "both") with `model` the reasoning line's
-    checkpoint and `grid_model` the grid line's. `competition` is the slug whose mount boot reads the tasks from;
-    `boot` overrides boot's supervision of the solver (submission.supervise.SuperviseConfig's fields)."""
+    checkpoint and `grid_model` the grid line's. `adapter` (the grid line's fine-tuned PEFT adapter) goes inside the
+    grid model's folder where the profile's model.adapter names it (issue 29: the run loads it on the base).
+    `competition` is the slug whose mount boot reads the tasks from; `boot` overrides boot's supervision of the
+    solver (submission.supervise.SuperviseConfig's fields)."""
     line = bundled_line(profile)
     boot = asdict(SuperviseConfig(**(boot or {})))  # unknown fields refused before anything is copied
     if (line == "both") != (grid_model is not None):
@@ -211,6 +247,12 @@ def bundle(profile: str, model: Path, out: Path, target: str = "cpu-py311", data
         models[MODEL_DIRS[1]] = (grid_model, "grid")
     for checkpoint, runs in models.values():
         check_model(checkpoint, runs)
+    grid_folder = MODEL_DIRS[1] if line == "both" else MODEL_DIRS[0]
+    named = grid_adapter(profile, line)
+    problem = (adapter_problem(named, adapter, models[grid_folder][0]) if line in ("grid", "both") else
+               "--adapter is for a grid-line or combined profile" if adapter is not None else "")
+    if problem:
+        raise ValueError(f"{profile}: {problem}")
     refuse_client_ignored({**{folder: checkpoint for folder, (checkpoint, _) in models.items()},
                            **{f"kit/{name}": ROOT / name for name in KIT_PATHS}})
     partial = out.with_name(out.name + ".partial")
@@ -220,6 +262,8 @@ def bundle(profile: str, model: Path, out: Path, target: str = "cpu-py311", data
         shutil.copy2(wheel, partial / "wheels" / wheel.name)
     for folder, (checkpoint, _) in models.items():
         shutil.copytree(checkpoint, partial / folder)
+    if adapter is not None:
+        shutil.copytree(adapter, partial / grid_folder / named)
     for name in KIT_PATHS:
         shutil.copytree(ROOT / name, partial / "kit" / name, ignore=shutil.ignore_patterns("__pycache__"))
     (partial / "kit" / "bundle.json").write_text(json.dumps(
@@ -235,6 +279,8 @@ def bundle(profile: str, model: Path, out: Path, target: str = "cpu-py311", data
                 "split_part_suffix": PART}
     if grid_model is not None:
         manifest["grid_model"] = _provenance(grid_model)
+    if adapter is not None:
+        manifest["adapter"] = {"source": str(adapter.resolve()), "folder": f"{grid_folder}/{named}"}
     (partial / "manifest.json").write_text(json.dumps(manifest, indent=1))
     partial.rename(out)
     return out
@@ -261,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, type=Path, help="the checkpoint (a combined profile: the "
                         "reasoning line's)")
     parser.add_argument("--grid-model", type=Path, help="a combined profile's grid model (build.grid_vocab's cut)")
+    parser.add_argument("--adapter", type=Path, help="the grid line's PEFT adapter (training.grid_tune's out/adapter), "
+                        "bundled inside the grid model where the profile's model.adapter names it")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--target", default="cpu-py311")
     parser.add_argument("--id", help="the Kaggle dataset id (default: KAGGLE_USERNAME/arc-kit-bundle)")
@@ -270,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         chosen = choose_dataset_id(args.id, dict(os.environ))
         print(upload_advice(bundle(args.profile, args.model, args.out, args.target, chosen, args.max_file_bytes,
-                                   args.grid_model, args.competition), chosen))
+                                   args.grid_model, args.competition, adapter=args.adapter), chosen))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """From a checkpoint to a Kaggle dataset in one command: prune, quantise, patch, bundle (each step optional).
 
-    python -m build.pipeline --profile NAME --out DIR [--model DIR] [--grid-model DIR] [--target T]
+    python -m build.pipeline --profile NAME --out DIR [--model DIR] [--grid-model DIR] [--adapter DIR] [--target T]
                              [--list LIST.json] [--recipe RECIPE.toml] [--calibration-tasks ARC_DIR] [--id USER/SLUG]
 
 The profile's [build] section names the target, the expert list, the recipe and the calibration tasks; the options
@@ -30,7 +30,7 @@ from submission.kaggle_mounts import COMPETITION
 
 def run(profile: str, target: str, out: Path, model: Path | None = None, expert_list: Path | None = None,
         recipe: Path | None = None, calibration_tasks: Path | None = None, dataset_id: str = PLACEHOLDER_ID,
-        grid_model: Path | None = None, competition: str = COMPETITION) -> Path:
+        grid_model: Path | None = None, competition: str = COMPETITION, adapter: Path | None = None) -> Path:
     steps = out / "steps"
     steps.mkdir(parents=True, exist_ok=True)
     line = profile_line(profile)
@@ -63,7 +63,7 @@ def run(profile: str, target: str, out: Path, model: Path | None = None, expert_
         patch(model, steps / "patched")
         model = steps / "patched"
     dataset = bundle(profile, model, out / "dataset", target, dataset_id, grid_model=grid_model,
-                     competition=competition)
+                     competition=competition, adapter=adapter)
     problems = verify(dataset)
     if problems:
         raise ValueError(f"{dataset}: " + "; ".join(problems))
@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--model", type=Path, help="the checkpoint (a combined profile: the reasoning line's)")
     parser.add_argument("--grid-model", type=Path, help="a combined profile's grid model (build.grid_vocab's cut)")
+    parser.add_argument("--adapter", type=Path, help="the grid line's PEFT adapter, bundled inside its model where "
+                        "the profile's model.adapter names it (build.bundle)")
     parser.add_argument("--list", type=Path)
     parser.add_argument("--recipe", type=Path)
     parser.add_argument("--calibration-tasks", type=Path)
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     dataset = run(args.profile, args.target or plan.target, args.out, args.model,
                   chosen(args.list, planned["expert_list"]), chosen(args.recipe, planned["recipe"]),
                   chosen(args.calibration_tasks, planned["calibration_tasks"]), chosen_id, args.grid_model,
-                  args.competition)
+                  args.competition, args.adapter)
     print(upload_advice(dataset, chosen_id))
 
 

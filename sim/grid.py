@@ -8,15 +8,17 @@ Each logged task (attempt-1 records with `grid_line`) gives its seconds by stage
 its attempts were right (when labels are known). A simulated run draws `--hidden-tasks` of them with replacement
 and serves them with `submission.grid.queue.TaskQueue` (cheapest first, the same time limits) on `run.devices`
 workers; a task lasts the share of its limit it used in the log times the limit it gets now (its stages run until
-their share of the limit: an approximation, exact for tasks that used their whole limit), and a task that would end
-after the hard stop is unanswered. Model loading and worker start-up are not modelled. Reports the forecast score
-(mean and 5-95% over runs), tasks answered by the deadline and the logged seconds by stage.
+their share of the limit: an approximation, exact for tasks that used their whole limit), its limit weighted by its
+size as in the run (run.task_s), and a task that would end after the hard stop is unanswered. Model loading, worker
+start-up and restarts are not modelled. Reports the forecast score (mean and 5-95% over runs), tasks answered by the
+deadline and the logged seconds by stage.
 
 With `--reasoning-log` and a combined profile (`--both`, line = "both"), three forecasts on the same drawn tasks
 (common random numbers): all GPUs to the grid line (`--profile`), all GPUs to the reasoning line (the combined
 profile's reasoning profile, the solver's scheduler on the serving model `--serving`, default
-sim/serving_models/PROFILE.toml: sim.run), and the split (the grid line on `grid.workers`, the reasoning line on the
-serving model scaled to its share of the GPUs, answers merged by submission.grid.merge). Tasks are drawn from those
+sim/serving_models/PROFILE.toml: sim.run), and the split (each line as the combined run starts it,
+submission.grid.both.line_configs with every override of the combined profile: `split_lines`; the reasoning line on
+the serving model scaled to its share of the GPUs, answers merged by submission.grid.merge). Tasks are drawn from those
 both logs hold with labels, so each draw keeps how the two lines did on the same task. Approximate: the reasoning
 line's throughput and KV cache are taken as proportional to its GPUs (a TP2 engine on two L4s has less than half the
 KV cache of TP4 on four: its weights take twice the share per GPU, so the split is forecast optimistically for the
@@ -29,15 +31,15 @@ import argparse
 import random
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-
-from dataclasses import replace
 
 from sim.pool import AttemptPool
 from sim.run import simulate
 from sim.serving import ServingModel, SharedEngine
 from submission.attempts import AttemptRecord, read_log
+from submission.config import Profile
+from submission.grid.both import MERGE_S, BothProfile, line_configs
 from submission.grid.config import GridProfile, load_grid_profile
 from submission.grid.merge import grid_candidates, merged_answers
 from submission.grid.queue import TaskQueue, task_cost
@@ -92,28 +94,27 @@ def one_run(logged: list[LoggedTask], profile: GridProfile, hidden_tasks: int, r
             drawn: dict[str, LoggedTask] | None = None) -> RunForecast:
     run = profile.run
     drawn = drawn or draw_tasks(logged, hidden_tasks, rng)
-    queue = TaskQueue({k: v.cost for k, v in drawn.items()}, run.min_task_s, run.max_task_s, run.max_failures)
+    queue = TaskQueue({k: v.cost for k, v in drawn.items()}, run.min_task_s, run.max_task_s, run.max_failures,
+                      needs={k: run.task_need(v.cost) for k, v in drawn.items()})
     workers = len(run.devices)
-    free = [(0.0, w) for w in range(workers)]
+    free: list[tuple[float, int, str | None]] = [(0.0, w, None) for w in range(workers)]  # (when, worker, its task)
     answered, score = 0, 0.0
     done: set[str] = set()
-    ends: list[float] = []
     while free:
-        free.sort()
-        now, worker = free.pop(0)
-        ends = [e for e in ends if e > now]
-        nxt = queue.next(worker, now, run.stop_new, run.hard_stop, workers, len(ends))
+        free.sort(key=lambda f: (f[0], f[1]))
+        now, worker, finished = free.pop(0)
+        if finished is not None:
+            queue.done(worker, finished)
+        nxt = queue.next(worker, now, run.stop_new, run.hard_stop, workers)
         if nxt is None:
             continue
         task_id, limit = nxt
         end = now + drawn[task_id].used * limit
-        if end <= run.hard_stop:
+        if end <= run.hard_stop:  # else it runs until the hard stop: unanswered, and its worker takes no more
             answered += 1
             done.add(task_id)
             score += drawn[task_id].right
-            queue.done(worker, task_id)
-            ends.append(end)
-            free.append((end, worker))
+            free.append((end, worker, task_id))
     return RunForecast(100 * score / len(drawn), answered, len(drawn), frozenset(done))
 
 
@@ -230,19 +231,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def split_lines(both: BothProfile) -> tuple[Profile, GridProfile, float]:
+    """The combined run's two lines as the run starts them (submission.grid.both.line_configs, with its model,
+    tensor-parallel, worker and max_len overrides, at the lines' time limit: the run's less MERGE_S) and the reasoning
+    line's share of the GPUs (its engine's tensor x pipeline parallel size against the grid line's workers)."""
+    reasoning, grid = line_configs(both, both.time_limit_s - MERGE_S)
+    gpus = reasoning.engine.tensor_parallel_size * reasoning.engine.pipeline_parallel_size
+    return reasoning, grid, gpus / (gpus + len(grid.run.devices))
+
+
 def print_comparison(args: argparse.Namespace, grid_all: GridProfile, tasks: dict[str, Task],
                      logged: list[LoggedTask], grid_records: list[AttemptRecord], rng: random.Random) -> int:
     from sim.scenario import SERVING_MODELS
     from sim.serving import load_serving
-    from submission.config import load_profile
     from submission.grid.both import load_both_profile
 
     both = load_both_profile(args.both)
-    reasoning = load_profile(both.reasoning.profile)
-    grid_split = load_grid_profile(both.grid.profile)
-    grid_split = replace(grid_split, run=replace(grid_split.run, devices=both.grid.workers or grid_split.run.devices))
-    gpus = len(both.reasoning.devices.split(",")) if both.reasoning.devices else both.reasoning.tensor_parallel_size
-    share = max(gpus, 1) / (max(gpus, 1) + len(grid_split.run.devices))
+    reasoning, grid_split, share = split_lines(both)
     records = tuple(r for path in args.reasoning_log for r in read_log(path) if r.task_id in tasks)
     joint = {r.task_id for r in records} & {t.task_id for t in logged}
     if not joint:

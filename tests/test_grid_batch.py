@@ -41,10 +41,10 @@ def test_batched_rescoring_equals_one_sequence_per_call(model, task):
         calls.append(len(items))
         return answer_nlls(model, items)
 
-    alone = rescore(task, 0, hits, views, lambda items: [answer_nlls(model, [i])[0] for i in items], 4096)
+    alone = rescore(task, 0, hits, views, lambda items: [answer_nlls(model, [i])[0] for i in items], 4096).candidates
     for batch, sizes in ((12, [12]), (8, [6, 6])):
         calls.clear()
-        together = rescore(task, 0, hits, views, nlls, 4096, batch=batch)
+        together = rescore(task, 0, hits, views, nlls, 4096, batch=batch).candidates
         assert calls == sizes  # whole views per call, as many as the batch holds
         assert [c.grid for c in together] == [c.grid for c in alone]
         assert [c.hits for c in together] == [c.hits for c in alone]
@@ -61,8 +61,10 @@ def test_the_deadline_counts_whole_views_only(task):
         now[0] += 1.0
         return [float(n // 2 + 1) for n in range(len(items))]
 
-    ranked = rescore(task, 0, hits, views, nlls, 4096, deadline=1.0, clock=lambda: now[0], batch=4)
-    assert [c.nll for c in ranked] == [1.5, 1.5]  # two views in the first call (1 and 2), the second call never ran
+    rescored = rescore(task, 0, hits, views, nlls, 4096, deadline=1.0, clock=lambda: now[0], batch=4)
+    # two views in the first call (1 and 2), the second call never ran: not complete
+    assert [c.nll for c in rescored.candidates] == [1.5, 1.5] and not rescored.complete
+    assert rescore(task, 0, hits, views, nlls, 4096, batch=4).complete
 
 
 def test_preloaded_prompts_search_as_prompts_run_one_by_one(model, task):

@@ -95,9 +95,9 @@ class CountingStepper:
     def length(self):
         return self.inner.length
 
-    def prefill(self, ids):
+    def prefill(self, ids, guess=()):
         self.prefills += 1
-        return self.inner.prefill(ids)
+        return self.inner.prefill(ids, guess)
 
     def push(self, token):
         self.pushes += 1
@@ -111,9 +111,9 @@ class CountingBatchStepper:
     def __init__(self, inner):
         self.inner, self.prefills, self.pushes = inner, 0, 0
 
-    def prefill(self, prompts):
+    def prefill(self, prompts, guesses=None):
         self.prefills += 1
-        return self.inner.prefill(prompts)
+        return self.inner.prefill(prompts, guesses)
 
     def push(self, moves):
         self.pushes += 1
@@ -243,5 +243,65 @@ def test_cut_off_must_be_a_probability(model):
         search_batch(None, [[0]], 1.5)
 
 
+def test_a_guess_must_be_an_answer():
+    """A guess is a found answer's tokens (<eos> last): anything else is a caller's mistake, refused by name."""
+    with pytest.raises(ValueError, match="guess is an answer"):
+        search(None, [0], 0.2, guess=(1, 2))
+
+
 def test_newline_and_end_only_where_the_grammar_allows():
     assert NEWLINE not in GridState().legal(MAX_SIDE) and EOS not in GridState().legal(MAX_SIDE)
+
+
+@pytest.mark.parametrize("dfs_batch, together", [(1, False), (1, True), (2, False), (2, True)])
+def test_a_seeded_search_finds_the_same_answers_with_fewer_model_calls(model, truth, dfs_batch, together):
+    """ARChitects' pass_guess: the best answer so far, run with the prompt in one prefill and walked first, leaves
+    the answers and their scores as they were and saves the model calls of its path. Seeded with the best answer,
+    with one that clears the cut-off further down, and with one that does not (the walk leaves it where it falls
+    below the cut-off): the same answers each time; view by view (the prompt preloaded or not) and in lockstep (the
+    prompts prefilled together or one by one)."""
+    from submission.grid.dfs import search_batch
+    from submission.grid.model import HFBatchStepper, HFStepper
+
+    prompt, truth = truth
+    plain = search(HFStepper(model), prompt, CUTOFF, MAX_SIDE)
+    below = max((a for a, s in truth.items() if s < math.log(CUTOFF)), key=len)
+    for guess in (plain.found[0].tokens, plain.found[-1].tokens, below):
+        if dfs_batch == 1:
+            stepper = CountingStepper(HFStepper(model))
+            if together:
+                stepper.inner.preload([prompt])
+            seeded = search(stepper, prompt, CUTOFF, MAX_SIDE, guess=guess)
+        else:
+            stepper = CountingBatchStepper(HFBatchStepper(model, together, slack=2))
+            seeded, beside = search_batch(stepper, [prompt, prompt], CUTOFF, MAX_SIDE, guesses=[guess, ()])
+            assert [f.tokens for f in beside.found] == [f.tokens for f in plain.found]
+        assert seeded.complete and stepper.prefills == 1
+        assert [f.tokens for f in seeded.found] == [f.tokens for f in plain.found]
+        assert [f.logp for f in seeded.found] == pytest.approx([f.logp for f in plain.found], abs=1e-4)
+        if guess != below:  # its path, <eos> aside, came with the prefill
+            assert seeded.steps == plain.steps - (len(guess) - 1)
+        else:
+            assert seeded.steps <= plain.steps
+
+
+def test_the_search_cache_is_written_in_place_not_copied_per_token(model):
+    """transformers' DynamicLayer appends with torch.cat: a copy of the whole cache per token and layer. The
+    search's cache keeps one buffer per layer through pushes and crops, up to its room."""
+    from submission.grid.model import HFStepper
+
+    stepper = HFStepper(model, room=8)
+    prompt = encode(DEMOS, ((7, 0), (0, 7))).ids
+    stepper.prefill(prompt)
+    first = [layer.keys.data_ptr() for layer in stepper.cache.layers]
+    for token in (3, 4, NEWLINE, 5):
+        stepper.push(token)
+    stepper.truncate(len(prompt) + 1)
+    lengths = {layer.keys.shape[-2] for layer in stepper.cache.layers}
+    for token in (6, NEWLINE):
+        stepper.push(token)
+    assert lengths == {len(prompt) + 1} and stepper.length == len(prompt) + 3
+    assert [layer.keys.data_ptr() for layer in stepper.cache.layers] == first
+    for token in (1,) * 8:  # past its room the buffer grows, and the answer is still exact
+        logp = stepper.push(token)
+    assert np.allclose(logp, HFStepper(model).prefill([*prompt, 3, 6, NEWLINE, *(1,) * 8])[0], atol=1e-5)

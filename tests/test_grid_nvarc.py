@@ -157,9 +157,13 @@ class OracleStepper:
                 p[ids[n]] += weight
         return np.log(p / p.sum()).astype(np.float32)
 
-    def prefill(self, ids):
+    def prefill(self, ids, guess=()):
+        """Stepper.prefill: the log-probabilities after `ids` and after each guess token, one row each."""
         self.base, self.tokens = len(ids), []
-        return self._logp()
+        rows = [self._logp()]
+        for token in guess:
+            rows.append(self.push(token))
+        return rows
 
     def push(self, token):
         self.tokens.append(token)

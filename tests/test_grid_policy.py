@@ -91,7 +91,7 @@ def test_rescore_maps_each_candidate_into_every_view(tasks):
         return 0.0 if decode_grid(list(ids[-n:])) in expected else 7.0
 
     ranked = rescore(task, 0, {wrong: 3, label: 1}, views, lambda items: [nll(*item) for item in items],
-                     max_len=1 << 20)
+                     max_len=1 << 20).candidates
     assert [c.grid for c in ranked] == [label, wrong] and ranked[0].nll == 0.0 and ranked[1].nll == 7.0
 
 
@@ -133,10 +133,41 @@ def test_dfs_batch_is_checked_against_the_batch_it_splits(tmp_path):
 
 def test_a_scaled_run_fits_a_rehearsal_as_the_full_run_fits_twelve_hours():
     """The commit run's rehearsal (submission.main --scale-schedule): grid-4b-4xL4 unscaled in 1,800 s would stop
-    new tasks after 900 s with a 1,200-s minimum per task; scaled, every margin and bound shrinks by 1800 / 43200."""
+    new tasks after 900 s with a 517-s minimum per task; scaled, every margin and bound shrinks by 1800 / 43200."""
     run = load_grid_profile("grid-4b-4xL4").run
     small = run.scaled(1800.0)
     f = 1800.0 / 43200.0
     assert small.time_limit_s == 1800.0 and small.devices == run.devices and small.max_len == run.max_len
     assert (small.hard_stop_margin_s, small.stop_new_margin_s) == (420.0 * f, 900.0 * f)
-    assert (small.min_task_s, small.max_task_s) == (1200.0 * f, 3000.0 * f)
+    assert (small.min_task_s, small.max_task_s) == (517.0 * f, 3000.0 * f)
+    assert (small.size_tokens, small.task_s, small.ttt_s) == (run.size_tokens, run.task_s, run.ttt_s)  # ratios
+
+
+def test_a_task_budget_by_size_shares_the_time_in_proportion_to_need():
+    from submission.grid.config import RunConfig
+
+    run = RunConfig(size_tokens=(1000, 11000), task_s=(500.0, 1500.0), ttt_s=(200.0, 900.0))
+    assert [run.task_need(c) for c in (10, 1000, 6000, 11000, 50000)] == [500.0, 500.0, 1000.0, 1500.0, 1500.0]
+    assert run.ttt_share(1000, 0.4) == pytest.approx(0.4) and run.ttt_share(11000, 0.4) == pytest.approx(0.6)
+    assert RunConfig().task_need(5000) == 1.0 and RunConfig().ttt_share(5000, 0.4) == 0.4  # no table: all alike
+    costs = {"small": 1000, "big": 11000}
+    queue = TaskQueue(costs, 0.0, 1e9, needs={t: run.task_need(c) for t, c in costs.items()})
+    small, big = queue.next(0, 0, 1e9, 2000.0, 1), queue.next(1, 0, 1e9, 2000.0, 1)
+    # one worker, 2,000 s for 2,000 s of need: each its own need; the running small task counts for the big one
+    assert small == ("small", pytest.approx(500.0)) and big == ("big", pytest.approx(1500.0))
+    queue.done(0, "small")
+    assert queue.running == {1: "big"}
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"size_tokens": (1000, 2000), "task_s": (500.0,)}, "one value per run.size_tokens"),
+    ({"size_tokens": (2000, 1000), "task_s": (500.0, 900.0)}, "run.size_tokens must increase"),
+    ({"size_tokens": (1000,), "task_s": (500.0,), "ttt_s": (600.0,)}, "each run.ttt_s within it"),
+])
+def test_a_budget_table_that_does_not_line_up_is_refused_by_name(bad, message, tmp_path):
+    from submission.config import ProfileError
+
+    lines = "\n".join(f"{k} = {list(v)}" for k, v in bad.items())
+    (tmp_path / "bad.toml").write_text(f'line = "grid"\n[run]\n{lines}\n')
+    with pytest.raises(ProfileError, match=rf"bad.toml.*{message}"):
+        load_grid_profile(tmp_path / "bad.toml")

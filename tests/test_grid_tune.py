@@ -62,6 +62,15 @@ def test_loss_falls_resumes_and_merges(grid_model, arc_data, tmp_path, capsys):
     rows = read_rows(out / "rows.jsonl")
     before, after = _mean_loss(load_model(grid_model, "float32"), rows), _mean_loss(merged, rows)
     assert after < 0.9 * before, (before, after)  # measured: 2.79 -> 2.44 (random weights, 24 steps)
+    # the adapter as saved is what the run loads (issue 29): on the base it computes what the merged model does
+    from submission.grid.config import ModelConfig
+    from submission.grid.model import load_adapter
+    from submission.grid.ttt import TTTConfig
+
+    loaded = load_adapter(ModelConfig(str(grid_model), "float32", adapter=str(out / "adapter")), TTTConfig(rank=4))
+    ids = torch.tensor([rows[0].input_ids])
+    with torch.no_grad():
+        assert torch.allclose(loaded.model(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-4)
 
 
 def test_unsloth_backend_trains_an_adapter_the_merge_and_solver_load(grid_model, arc_data, tmp_path):

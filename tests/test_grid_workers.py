@@ -1,4 +1,5 @@
-"""The grid line's workers as real processes: two CPU workers on a tiny grid model, one killed mid-task.
+"""The grid line's workers as real processes: two CPU workers on a tiny grid model, one killed mid-task (twice: it is
+restarted on its device and killed again).
 
 The killed worker's task must be finished by the other worker, every task must be answered in the log, and the
 answer file must be complete, valid JSON throughout (it is rewritten atomically after every task). A worker that
@@ -12,6 +13,7 @@ import os
 import signal
 import struct
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -77,6 +79,60 @@ def test_a_killed_worker_loses_nothing(grid_model, arc_data, tmp_path):
     assert all("candidates" in r.grid_line and "stage_s" in r.grid_line for r in firsts)
     assert all(r.grid is not None or r.parse_error for r in records)
     assert len(snapshots) >= 2 * len(tasks.tasks)
+
+
+def test_a_worker_killed_twice_is_restarted_and_its_tasks_finished(grid_model, arc_data, tmp_path):
+    from submission.grid.workers import Coordinator
+
+    tasks, profile = cheapest(arc_data, 4), small_profile(grid_model)
+    # budgets by size, as grid-4b-4xL4 has them: each task's training share from run.ttt_s / run.task_s
+    profile = replace(profile, run=replace(profile.run, size_tokens=(100, 4000), task_s=(4.0, 8.0), ttt_s=(1.0, 4.0)))
+    killed: list[str] = []
+
+    def on_event(kind, worker, task_id, process):
+        if kind == "started" and worker == 0 and len(killed) < 2:
+            killed.append(task_id)
+            os.kill(process.pid, signal.SIGKILL)  # mid-task, in its first life and again in its second
+
+    stats = Coordinator(profile, tasks, tmp_path / "submission.json", tmp_path / "attempts.jsonl",
+                        on_event=on_event).run()
+    assert profile.run.respawns == 2 and len(killed) == 2
+    assert stats.lost == [(0, killed[0]), (0, killed[1])] and stats.respawned == [0, 0]
+    assert sorted(stats.done) == sorted(t.id for t in tasks.tasks)  # both killed tasks finished
+    answer = json.loads((tmp_path / "submission.json").read_text())
+    assert sorted(answer) == sorted(t.id for t in tasks.tasks)
+
+
+def report_where_it_loads(worker, profile, inbox, report):
+    """A stand-in worker: loads the model as worker_main does, writes what it sees (its CUDA_VISIBLE_DEVICES, the
+    GPUs torch counts, the model's device) and exits as a worker that could not start, which ends the run."""
+    import torch
+
+    from submission.grid.model import load_model
+
+    model = load_model(profile.model.path, profile.model.dtype, profile.run.devices[worker])
+    seen = {"visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpus": torch.cuda.device_count(),
+            "device": str(next(model.parameters()).device)}
+    (Path(os.environ["GRID_WORKER_OUT"]) / f"worker{worker}.json").write_text(json.dumps(seen))
+    report.send(("dead", worker, None, "a stand-in: it only loads"))
+
+
+@pytest.mark.requires_gpu
+def test_each_worker_loads_onto_its_own_gpu_alone(grid_model, arc_data, tmp_path, monkeypatch):
+    """One process per GPU, as NVARC runs them: a worker on the last GPU sees that GPU alone (as its cuda:0), so it
+    can make no context or allocation on GPU 0 (.ci/gpu-checks)."""
+    import torch
+
+    from submission.grid.workers import Coordinator
+
+    last = torch.cuda.device_count() - 1
+    monkeypatch.setenv("GRID_WORKER_OUT", str(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    profile = small_profile(grid_model)
+    profile = replace(profile, run=replace(profile.run, devices=(f"cuda:{last}",)))
+    Coordinator(profile, cheapest(arc_data, 1), tmp_path / "submission.json", worker=report_where_it_loads).run()
+    seen = json.loads((tmp_path / "worker0.json").read_text())
+    assert seen == {"visible": str(last), "gpus": 1, "device": "cuda:0"}
 
 
 class DiesMidReport:

@@ -47,3 +47,31 @@ def test_split_files_are_reassembled(tmp_path):
     assert verify(dataset) == []
     joined = join_split_files(dataset, tmp_path / "work") / "model"
     assert sha256(joined / "model.safetensors") == sha256(model / "model.safetensors")
+
+
+def test_a_grid_bundle_carries_its_adapter_inside_the_model(tmp_path):
+    """Issue 29: the bundle carries the base and the adapter; the profile's relative model.adapter finds it inside
+    the model folder wherever boot mounts it. An adapter the run could not find is refused before any copy."""
+    from build.grid_vocab import cut
+
+    grid = cut(make_checkpoint(tmp_path / "base", "qwen3", seed=0), tmp_path / "grid")
+    adapter = tmp_path / "tuned"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights")
+    tiny = Path("profiles/grid-tiny.toml").read_text()
+    profile = tmp_path / "grid-adapter.toml"
+    profile.write_text(tiny.replace("[model]\n", '[model]\nadapter = "adapter"\n'))
+    with pytest.raises(ValueError, match="adapter/adapter_config.json is missing"):
+        bundle(str(profile), grid, tmp_path / "none")  # named, but neither in the model nor passed
+    dataset = bundle(str(profile), grid, tmp_path / "dataset", adapter=adapter)
+    assert (dataset / "model" / "adapter" / "adapter_model.safetensors").read_bytes() == b"weights"
+    assert json.loads((dataset / "manifest.json").read_text())["adapter"]["folder"] == "model/adapter"
+    assert verify(dataset) == []
+    with pytest.raises(ValueError, match="model.adapter names its folder"):
+        bundle("grid-tiny", grid, tmp_path / "unnamed", adapter=adapter)
+    outside = tmp_path / "grid-outside.toml"
+    outside.write_text(tiny.replace("[model]\n", f'[model]\nadapter = "{adapter}"\n'))
+    with pytest.raises(ValueError, match="outside the bundle"):
+        bundle(str(outside), grid, tmp_path / "outside", adapter=adapter)
+    assert not any((tmp_path / name).exists() for name in ("none", "unnamed", "outside"))

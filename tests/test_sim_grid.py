@@ -9,7 +9,9 @@ import pytest
 
 from sim.grid import logged_tasks, main, one_run
 from submission.attempts import AttemptLog, AttemptRecord
+from submission.config import PROFILES
 from submission.grid.config import load_grid_profile
+from submission.grid.queue import task_cost
 from submission.grid.rescore import Candidate
 from submission.schedule import Level
 from submission.tasks import load_tasks
@@ -40,13 +42,14 @@ def test_logged_tasks_read_right_answers_and_time(tasks):
 
 def test_the_deadline_decides_how_many_tasks_are_answered(tasks):
     logged = logged_tasks(_records(tasks), {t.id: t for t in tasks})
-    profile = load_grid_profile("grid-4b-4xL4")  # 4 workers, 12 h, limits 1,200-3,000 s
+    profile = load_grid_profile("grid-4b-4xL4")  # 4 workers, 12 h, limits 517-3,000 s
     roomy = one_run(logged, profile, 40, random.Random(0))
     assert roomy.answered == 40 and roomy.score in {100 * k / 40 for k in range(41)}
     short = replace(profile, run=replace(profile.run, time_limit_s=3 * 3600.0))
     tight = one_run(logged, short, 240, random.Random(0))
-    # 4 workers x (3 h - 7 min) at >= 1,200 s x 0.9 per task: at most ~38 tasks
-    assert 0 < tight.answered <= 4 * (3 * 3600 - 420) / (1200 * 0.9) + 4
+    # 4 workers x (3 h - 7 min) at >= 517 s x 0.9 per task: at most ~93 tasks
+    assert profile.run.min_task_s == 517.0
+    assert 0 < tight.answered <= 4 * (3 * 3600 - 420) / (517.0 * 0.9) + 4
 
 
 def test_command_line(tasks, tmp_path, capsys, arc_data):
@@ -113,3 +116,42 @@ def test_command_line_compares_the_three_arrangements(tasks, tmp_path, capsys, a
     out = capsys.readouterr().out
     assert "6 tasks in both logs" in out and "reasoning line on 50% of the GPUs, the grid line on 2 workers" in out
     assert "all GPUs to the grid line: forecast score" in out and "the split, answers merged (both-4xL4)" in out
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in PROFILES.glob("*.toml")
+                                        if 'line = "both"' in p.read_text()))
+def test_the_forecast_splits_the_machine_as_the_run_does(name, tmp_path):
+    """The split sim.grid forecasts is the one the combined run starts: the profiles it writes for its lines
+    (line_profiles) with the deadline each line is given (the run's less MERGE_S), every override applied."""
+    from sim.grid import split_lines
+    from submission.config import load_profile
+    from submission.grid.both import MERGE_S, line_profiles, load_both_profile
+
+    both = load_both_profile(name)
+    reasoning, grid, share = split_lines(both)
+    for text, path in zip(line_profiles(both, both.time_limit_s), ("r.toml", "g.toml")):
+        (tmp_path / path).write_text(text)
+    limit = both.time_limit_s - MERGE_S
+    run_reasoning = load_profile(tmp_path / "r.toml")
+    run_reasoning = replace(run_reasoning, schedule=replace(run_reasoning.schedule, time_limit_s=limit))
+    run_grid = load_grid_profile(tmp_path / "g.toml")
+    run_grid = replace(run_grid, run=replace(run_grid.run, time_limit_s=limit))
+    assert (reasoning, grid) == (run_reasoning, run_grid)
+    gpus = reasoning.engine.tensor_parallel_size * reasoning.engine.pipeline_parallel_size
+    assert share == gpus / (gpus + len(grid.run.devices))
+    if name == "both-4xL4":  # two L4s each: the reasoning line at TP2, two grid workers at their own contexts
+        assert (gpus, grid.run.devices, grid.run.max_len, share) == (2, ("cuda:0", "cuda:1"), (13312, 12288), 0.5)
+
+
+def test_the_l4_budget_gives_every_hidden_task_a_turn(arc_data):
+    """240 tasks like ARC-AGI-2's evaluation set on four L4s, each using its whole limit (a kit slower than NVARC's):
+    under grid-4b-4xL4's budget by size all are answered by the deadline; under the study's bounds alone (1,200 s
+    floor, equal shares) only ~144 are (issue 29, section 6)."""
+    from sim.grid import LoggedTask
+
+    logged = [LoggedTask(t.id, task_cost(t), 1.0, 1.0, {})
+              for t in load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks]
+    profile = load_grid_profile("grid-4b-4xL4")
+    assert one_run(logged, profile, 240, random.Random(0)).answered == 240
+    study = replace(profile, run=replace(profile.run, min_task_s=1200.0, size_tokens=(), task_s=(), ttt_s=()))
+    assert one_run(logged, study, 240, random.Random(0)).answered < 150

@@ -1,7 +1,7 @@
 """Grid-line profiles: one TOML file (profiles/grid-*.toml) with `line = "grid"`, validated like every profile.
 
     line = "grid"
-    [model]    checkpoint (made by build.grid_vocab), dtype, format   (ModelConfig)
+    [model]    checkpoint (made by build.grid_vocab), dtype, format, adapter  (ModelConfig)
     [ttt]      per-task test-time training                             (submission.grid.ttt.TTTConfig)
     [search]   views, cut-off and time per batch of the search         (SearchConfig)
     [rescore]  fresh views for the rescoring                           (RescoreConfig)
@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+
 from submission.config import _build, _toml_value, read_profile
 from submission.grid.format import LAYOUTS
 from submission.grid.ttt import TTTConfig
@@ -28,10 +30,22 @@ class ModelConfig:
     # the grid layout the checkpoint was trained on (submission.grid.format.LAYOUTS): "kit16", build.grid_vocab's
     # cut; "nvarc", NVARC's published Qwen3 4B. Its token ids are read from the checkpoint's tokenizer at load.
     format: str = "kit16"
+    adapter: str = ""  # PEFT adapter folder loaded on the base per worker (training.grid_tune's out/adapter); --adapter
+    merge: bool = False  # merge the adapter into the base and train a fresh LoRA per task instead; --merge
+    backend: str = "auto"  # the training's: unsloth (its kernels) where its environment is installed, else peft
 
     def __post_init__(self) -> None:
         if self.format not in LAYOUTS:
             raise ValueError(f"model.format must be one of {', '.join(LAYOUTS)}, not {self.format!r}")
+        if self.backend not in ("auto", "peft", "unsloth"):
+            raise ValueError(f"model.backend must be auto, peft or unsloth, got {self.backend!r}")
+
+    def adapter_dir(self) -> str:
+        """The adapter's folder, "" for none. A relative `adapter` lies inside the checkpoint folder: that is how a
+        bundle carries one (model/adapter, build.bundle --adapter), found wherever boot mounts the model."""
+        if not self.adapter or Path(self.adapter).is_absolute():
+            return self.adapter
+        return str(Path(self.path) / self.adapter)
 
 
 @dataclass(frozen=True)
@@ -76,6 +90,14 @@ class RunConfig:
     min_task_s: float = 1200.0  # each task's time limit, from the remaining budget and queue, clamped to these
     max_task_s: float = 3000.0
     max_failures: int = 3  # consecutive failed tasks after which a worker exits
+    respawns: int = 2  # restarts of a dead or stuck worker's process on its device, per worker; then it is retired
+    # A task's budget by its size (issue 29): the seconds a whole task and its test-time training take on this line's
+    # GPU at the task sizes `size_tokens` (queue.task_cost: prompt tokens x test inputs; linear between, flat beyond).
+    # A task's time limit is its `task_s` times the share of the remaining budget that the queue's `task_s` leaves;
+    # its training takes `ttt_s / task_s` of its limit (instead of ttt.share). () = every task alike.
+    size_tokens: tuple[int, ...] = ()
+    task_s: tuple[float, ...] = ()
+    ttt_s: tuple[float, ...] = ()
     answer_room: int = 931  # tokens kept free after the prompt for the answer (30 x 31 + <eos>)
 
     def __post_init__(self) -> None:
@@ -83,9 +105,29 @@ class RunConfig:
             raise ValueError("run.devices and run.max_len need at least one entry")
         if self.min_task_s > self.max_task_s:
             raise ValueError("run.min_task_s must not exceed run.max_task_s")
+        if self.respawns < 0:
+            raise ValueError(f"run.respawns must be at least 0, got {self.respawns}")
+        if len(self.task_s) != len(self.size_tokens) or self.ttt_s and len(self.ttt_s) != len(self.task_s):
+            raise ValueError(f"run.task_s ({len(self.task_s)} values) and run.ttt_s ({len(self.ttt_s)}, or none) need "
+                             f"one value per run.size_tokens ({len(self.size_tokens)})")
+        if list(self.size_tokens) != sorted(set(self.size_tokens)):
+            raise ValueError(f"run.size_tokens must increase, got {list(self.size_tokens)}")
+        if any(t <= 0 for t in self.task_s) or any(not 0 <= a <= t for a, t in zip(self.ttt_s, self.task_s)):
+            raise ValueError(f"run.task_s must be positive and each run.ttt_s within it, got {list(self.task_s)} "
+                             f"and {list(self.ttt_s)}")
 
     def context(self, worker: int) -> int:
         return self.max_len[min(worker, len(self.max_len) - 1)]
+
+    def task_need(self, cost: int) -> float:
+        """A task's seconds by its size (`task_s`); 1.0 for every task without a table (the queue's unit)."""
+        return float(np.interp(cost, self.size_tokens, self.task_s)) if self.task_s else 1.0
+
+    def ttt_share(self, cost: int, default: float) -> float:
+        """The share of a task's limit its training takes: `ttt_s / task_s` at its size, else `default`."""
+        if not self.ttt_s:
+            return default
+        return float(np.interp(cost, self.size_tokens, self.ttt_s)) / self.task_need(cost)
 
     def scaled(self, time_limit_s: float) -> RunConfig:
         """This run in miniature for a shorter time limit (the commit run's rehearsal, submission.main

@@ -11,6 +11,12 @@ The model is behind `Stepper`: the prompt is run once, then one token per step, 
 cache back to the branch point (`truncate`), so no prefix is ever run twice. Scores are float32. A deadline stops
 the search cleanly: answers found so far are kept, the rest of the tree is left unexplored (`complete` = False).
 
+A search may be seeded with a guess, the best answer found so far in the other views (ARChitects' `pass_guess`,
+issue 29): the guess is run with the prompt in the same prefill and walked first, so its path costs no decode step
+and only the branches off it are decoded token by token. Pruning stays exact, so a seeded search finds the same
+answers (tests/test_grid_dfs.py); with a trained model, whose views mostly agree, the guess is most of the tree
+(benchmarks/grid_search.py).
+
 `search_batch` walks several views' trees in lockstep behind a `BatchStepper` (one cache row per view): one model
 call per step for all of them, which is what keeps a GPU busy where one token of one view does not (issue 18).
 Each view's walk is the one `search` makes, so both find the same answers (tests/test_grid_dfs.py).
@@ -32,8 +38,9 @@ from submission.grids import MAX_SIDE
 class Stepper(Protocol):
     """A model with a KV cache that can be extended one token at a time and cut back."""
 
-    def prefill(self, ids: Sequence[int]) -> np.ndarray:
-        """Start over: run `ids`, return the next token's log-probabilities (float32, one per vocabulary entry)."""
+    def prefill(self, ids: Sequence[int], guess: Sequence[int] = ()) -> np.ndarray:
+        """Start over: run `ids` then `guess` in one model call; the next token's log-probabilities (float32, one per
+        vocabulary entry) after `ids` and after each guess token, one row each."""
 
     def push(self, token: int) -> np.ndarray:
         """Append one token, return the next token's log-probabilities."""
@@ -48,8 +55,10 @@ class Stepper(Protocol):
 class BatchStepper(Protocol):
     """Several prompts' KV caches in one batch (one row each), every row extended by one token per model call."""
 
-    def prefill(self, prompts: Sequence[Sequence[int]]) -> list[np.ndarray]:
-        """Start over with one row per prompt; each row's next-token log-probabilities."""
+    def prefill(self, prompts: Sequence[Sequence[int]],
+                guesses: Sequence[Sequence[int]] | None = None) -> list[np.ndarray]:
+        """Start over with one row per prompt, each followed by its guess; per row the next-token log-probabilities
+        after the prompt and after each guess token (as `Stepper.prefill`)."""
 
     def push(self, moves: Sequence[tuple[int, int, int]]) -> np.ndarray:
         """Per move (row, length, token): cut the row back to its first `length` tokens and append `token`; one
@@ -78,12 +87,16 @@ def _legal_logp(logp: np.ndarray, legal: tuple[int, ...]) -> np.ndarray:
 
 def search(stepper: Stepper, prompt: Sequence[int], cutoff: float, max_side: int = MAX_SIDE,
            deadline: float = math.inf, clock: Callable[[], float] = lambda: 0.0,
-           fmt: GridFormat = KIT16) -> SearchResult:
-    """Every legal answer after `prompt` with probability >= cutoff, most probable first."""
+           guess: Sequence[int] = (), fmt: GridFormat = KIT16) -> SearchResult:
+    """Every legal answer after `prompt` with probability >= cutoff, most probable first. `guess` (an answer's
+    tokens, the format's end token included: the best answer found so far, mapped into this view) is run with the
+    prompt in one call and walked first, so only the branches off it are decoded token by token; the answers are the
+    same."""
     floor = _floor(cutoff)
     if clock() > deadline:
         return SearchResult((), False, 0)
-    walk = _Walk(stepper.prefill(prompt), stepper.length, floor, max_side, fmt)
+    guess = _answer(guess, fmt)
+    walk = _Walk(stepper.prefill(prompt, guess[:-1]), len(prompt), floor, max_side, fmt, guess)
     while (move := walk.next()) is not None:
         if clock() > deadline:
             return walk.result(False)
@@ -96,15 +109,18 @@ def search(stepper: Stepper, prompt: Sequence[int], cutoff: float, max_side: int
 
 def search_batch(stepper: BatchStepper, prompts: Sequence[Sequence[int]], cutoff: float, max_side: int = MAX_SIDE,
                  deadline: float = math.inf, clock: Callable[[], float] = lambda: 0.0,
-                 fmt: GridFormat = KIT16) -> list[SearchResult]:
+                 guesses: Sequence[Sequence[int]] | None = None, fmt: GridFormat = KIT16) -> list[SearchResult]:
     """`search` for several prompts (the views of one test input) in lockstep: each model call advances every view
     whose walk is not done by one token. Each view walks its tree in the order `search` does, so a search that
     finishes finds what `search` finds (up to float rounding between batched and single model calls); at the
-    deadline every view stops where it is (a view already done stays complete)."""
+    deadline every view stops where it is (a view already done stays complete). `guesses`: one per prompt, as
+    `search`'s guess."""
     floor = _floor(cutoff)
     if clock() > deadline:
         return [SearchResult((), False, 0) for _ in prompts]
-    walks = [_Walk(logp, len(prompt), floor, max_side, fmt) for logp, prompt in zip(stepper.prefill(prompts), prompts)]
+    guesses = [_answer(g, fmt) for g in (guesses or [()] * len(prompts))]
+    rows = stepper.prefill(prompts, [g[:-1] for g in guesses])
+    walks = [_Walk(r, len(p), floor, max_side, fmt, g) for r, p, g in zip(rows, prompts, guesses)]
     live = list(range(len(walks)))
     while True:
         moves = []
@@ -121,6 +137,14 @@ def search_batch(stepper: BatchStepper, prompts: Sequence[Sequence[int]], cutoff
             walks[row].take(logp)
 
 
+def _answer(guess: Sequence[int], fmt: GridFormat) -> tuple[int, ...]:
+    """The guess, which is an answer (one end token, at its end) or () for none."""
+    guess = tuple(guess)
+    if guess and (guess[-1] != fmt.eos or fmt.eos in guess[:-1]):
+        raise ValueError(f"a search's guess is an answer ending in its one <eos>, got {list(guess)}")
+    return guess
+
+
 def _floor(cutoff: float) -> np.float32:
     if not 0 < cutoff <= 1:
         raise ValueError(f"search cut-off must be in (0, 1], got {cutoff}")
@@ -130,19 +154,27 @@ def _floor(cutoff: float) -> np.float32:
 class _Walk:
     """One view's depth-first walk, advanced by its caller one model step at a time, so that one view (`search`)
     or several in lockstep (`search_batch`) walk the same tree in the same order. A stack frame: grammar state, the
-    children still to try (token, cumulative logp), the cache length at this node, the tokens so far."""
+    children still to try (token, cumulative logp), the cache length at this node, the tokens so far.
 
-    def __init__(self, root_logp: np.ndarray, base: int, floor: np.float32, max_side: int, fmt: GridFormat) -> None:
-        self.floor, self.max_side, self.fmt = floor, max_side, fmt
-        self.stack = [(GridState(), _children(GridState(), root_logp, np.float32(0), floor, max_side, fmt), base,
-                       ())]
+    With a guess, `rows` holds the log-probabilities after the prompt and after each guess token (one prefill): the
+    guess's child is tried first at every node on its path, so the walk goes down the guess without a model call,
+    and the first model call (a branch off it, or the guess cut off) ends that descent for good: the tree below a
+    node is done before its siblings, so the guess path is never walked again. Children on the guess path are in
+    the guess's order, not the model's, which changes the order answers are found in, never which ones."""
+
+    def __init__(self, rows: Sequence[np.ndarray], base: int, floor: np.float32, max_side: int, fmt: GridFormat,
+                 guess: tuple[int, ...] = ()) -> None:
+        self.floor, self.max_side, self.fmt, self.guess = floor, max_side, fmt, guess
+        self.ahead = list(rows[1:])  # after each guess token, while the walk is still going down the guess
+        root = GridState()
+        self.stack = [(root, self._children(root, rows[0], np.float32(0), 0), base, ())]
         self.found: list[Found] = []
         self.steps = 0
         self.pending: tuple | None = None
 
     def next(self) -> tuple[int, int] | None:
         """The next token to run and the cache length it extends (its branch point), answers ending before it
-        recorded; None when the tree is exhausted."""
+        recorded and the guess's tokens taken from the prefill; None when the tree is exhausted."""
         while self.stack:
             state, children, length, tokens = self.stack[-1]
             if not children:
@@ -153,16 +185,31 @@ class _Walk:
                 self.found.append(Found((*tokens, token), float(score)))
                 continue
             self.pending = (state, token, score, length, tokens)
+            if len(tokens) < len(self.ahead) and token == self.guess[len(tokens)]:
+                self._grow(self.ahead[len(tokens)])
+                continue
+            self.ahead = []  # a model call: the cache past this branch point is cut back
             return token, length
         return None
 
     def take(self, logp: np.ndarray) -> None:
         """The model's next-token log-probabilities after the token `next` gave."""
-        state, token, score, length, tokens = self.pending
         self.steps += 1
+        self._grow(logp)
+
+    def _grow(self, logp: np.ndarray) -> None:
+        state, token, score, length, tokens = self.pending
         child = state.advance(token, self.fmt)
-        self.stack.append((child, _children(child, logp, score, self.floor, self.max_side, self.fmt), length + 1,
-                           (*tokens, token)))
+        self.stack.append((child, self._children(child, logp, score, len(tokens) + 1), length + 1, (*tokens, token)))
+
+    def _children(self, state: GridState, logp: np.ndarray, score: np.float32,
+                  depth: int) -> list[tuple[int, np.float32]]:
+        """The children above the cut-off, in the order the stack pops them last: least probable first, except
+        that the guess's token goes last (first tried) while the walk is on the guess."""
+        children = _children(state, logp, score, self.floor, self.max_side, self.fmt)
+        if depth < len(self.guess) and (depth == 0 or self.ahead):
+            children.sort(key=lambda c: c[0] == self.guess[depth])  # stable: the rest keep their order
+        return children
 
     def result(self, complete: bool) -> SearchResult:
         return SearchResult(tuple(sorted(self.found, key=lambda f: -f.logp)), complete, self.steps)
@@ -179,14 +226,13 @@ def _children(state: GridState, logp: np.ndarray, score: np.float32, floor: np.f
     return sorted(keep, key=lambda c: c[1])
 
 
-
 def greedy(stepper: Stepper, prompt: Sequence[int], max_side: int = MAX_SIDE, deadline: float = math.inf,
            clock: Callable[[], float] = lambda: 0.0, fmt: GridFormat = KIT16) -> Found | None:
     """The most probable legal token at every step: the fallback when no answer clears the cut-off. None if the
     deadline comes first."""
     if clock() > deadline:
         return None
-    logp, state, tokens, score = stepper.prefill(prompt), GridState(), [], np.float32(0)
+    logp, state, tokens, score = stepper.prefill(prompt)[0], GridState(), [], np.float32(0)
     while True:
         legal = state.legal(max_side, fmt)
         scores = _legal_logp(logp, legal)

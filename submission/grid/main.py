@@ -1,6 +1,7 @@
 """The grid line's solver: workers on a shared queue, answers rewritten after every task (SPEC section 10).
 
     python -m submission.grid.main --tasks PATH --out submission.json --profile grid-tiny [--model DIR]
+                                   [--adapter DIR [--merge]]
                                    [--deadline SECONDS [--scale-schedule]] [--log attempts.jsonl] [--resume]
                                    [--solutions PATH] [--max-tasks N] [--heartbeat PATH]
 
@@ -39,6 +40,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="grid-tiny", help="profile name (profiles/NAME.toml) or TOML path")
     p.add_argument("--model", help="grid checkpoint folder (build.grid_vocab's output)")
     p.add_argument("--format", choices=sorted(LAYOUTS), help="the checkpoint's grid format (overrides model.format)")
+    p.add_argument("--adapter", help="a PEFT adapter folder loaded on the model per worker (training.grid_tune's "
+                   "out/adapter); each task's training starts from its weights")
+    p.add_argument("--merge", action="store_true",
+                   help="merge --adapter into the model instead (a fresh LoRA per task)")
     p.add_argument("--deadline", type=float, help="time limit in seconds from now")
     p.add_argument("--scale-schedule", action="store_true",
                    help="scale the margins and task limits to --deadline (the commit run's rehearsal)")
@@ -62,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
             profile = replace(profile, model=replace(profile.model, path=str(args.model)))
         if getattr(args, "format", None):
             profile = replace(profile, model=replace(profile.model, format=args.format))
+        if getattr(args, "adapter", None):
+            profile = replace(profile, model=replace(profile.model, adapter=str(args.adapter)))
+        if getattr(args, "merge", False):
+            profile = replace(profile, model=replace(profile.model, merge=True))
         if args.deadline and getattr(args, "scale_schedule", False):
             profile = replace(profile, run=profile.run.scaled(args.deadline))
         elif args.deadline:
@@ -72,6 +81,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not profile.model.path:
         print(f"error: profile {profile.name}: model.path is empty; pass --model DIR", file=sys.stderr)
+        return 2
+    adapter = profile.model.adapter_dir()
+    if adapter and not (Path(adapter) / "adapter_config.json").is_file():
+        print(f"error: profile {profile.name}: model.adapter: {adapter}/adapter_config.json is missing (a PEFT "
+              f"adapter folder, training.grid_tune's out/adapter)", file=sys.stderr)
+        return 2
+    if profile.model.merge and not profile.model.adapter:
+        print(f"error: profile {profile.name}: model.merge needs model.adapter (--adapter DIR)", file=sys.stderr)
         return 2
     try:  # the checkpoint's tokenizer must write this format: refused here, before any worker loads weights
         read_format(profile.model.path, profile.model.format)
@@ -89,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     heartbeat.beat("loading")
     running: dict[int, str] = {}  # worker -> its task, from the workers' own reports
     finished: list[str] = []
-    quiet_s = profile.run.max_task_s + GRACE_S + 60.0  # past this even a stuck worker is retired by the coordinator
+    quiet_s = profile.run.max_task_s + GRACE_S + 60.0  # past this a stuck worker is killed and restarted
 
     def beat(phase: str) -> None:
         heartbeat.beat(phase, len(coordinator.stats.restored) + len(finished), len(coordinator.queue.pending),

@@ -2,10 +2,13 @@
 
 Pure policy (STYLE 1): the coordinator passes `now` in and reports what happened; nothing here touches a process
 or a clock. A task's cost is its token count under the grid format times its test inputs (what TTT and search
-scale with). Each task's time limit is the remaining budget shared among the queued tasks and the live workers,
-clamped to [min_task_s, max_task_s] and never beyond the hard stop. A task whose worker dies or fails is put back at
-the front once (`max_tries` = 2), for another worker if one is live; a worker that fails `max_failures` tasks in
-a row is retired, and the others take the queue.
+scale with). Each task's time limit is the remaining budget shared among the queued and running tasks and the live
+workers, in proportion to what each needs (`needs`: its seconds by size on the line's GPU, run.task_need; without
+them, equal shares), clamped to [min_task_s, max_task_s] and never beyond the hard stop. A task whose worker dies
+or fails is put back at the front once (`max_tries` = 2), for another worker if one is live; a worker that fails
+`max_failures` tasks in a row is retired, and the others take the queue. A worker whose process dies (or is killed,
+stuck) is restarted on its device up to `respawns` times (NVARC's workers are one process per GPU: a lost process
+would otherwise leave its GPU idle for the rest of the run), then retired.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ def task_cost(task: Task) -> int:
     return len(encode(task.train, task.test_inputs[0], max_len=1 << 30).ids) * len(task.test_inputs)
 
 
-def time_limit(remaining_s: float, queued: int, workers: int, lo: float, hi: float) -> float:
-    """A fair share of what is left: remaining x workers / queued, within [lo, hi], never past the end."""
+def time_limit(remaining_s: float, queued: float, workers: int, lo: float, hi: float) -> float:
+    """A fair share of what is left: remaining x workers / queued, within [lo, hi], never past the end. `queued`:
+    the work queued and running, in units of this task's need (a count of tasks when all need the same)."""
     share = remaining_s * max(workers, 1) / max(queued, 1)
     return max(0.0, min(max(lo, min(share, hi)), remaining_s))
 
@@ -33,18 +37,22 @@ class TaskQueue:
     max_task_s: float
     max_failures: int = 3
     max_tries: int = 2
+    respawns: int = 0  # restarts of a lost worker on its device, per worker
     pending: list[str] = field(default_factory=list)
     tries: dict[str, int] = field(default_factory=dict)
     streak: dict[int, int] = field(default_factory=dict)  # consecutive failures per worker
     retired: set[int] = field(default_factory=set)
     given_up: list[str] = field(default_factory=list)
     last_worker: dict[str, int] = field(default_factory=dict)  # who tried each task last
+    restarts: dict[int, int] = field(default_factory=dict)  # per worker, how often it was restarted
+    needs: dict[str, float] = field(default_factory=dict)  # a task's expected seconds (run.task_need); absent: 1.0
+    running: dict[int, str] = field(default_factory=dict)  # worker -> the task it was given and has not finished
 
     def __post_init__(self) -> None:
         self.pending = sorted(self.costs, key=lambda t: (self.costs[t], t))
 
-    def next(self, worker: int, now: float, stop_new: float, hard_stop: float, live_workers: int,
-             running: int = 0) -> tuple[str, float] | None:
+    def next(self, worker: int, now: float, stop_new: float, hard_stop: float,
+             live_workers: int) -> tuple[str, float] | None:
         """The task for an idle worker and its time limit, or None (nothing left, retired, or too late)."""
         if worker in self.retired or not self.pending or now >= stop_new:
             return None
@@ -56,26 +64,41 @@ class TaskQueue:
         self.pending.remove(task_id)
         self.last_worker[task_id] = worker
         self.tries[task_id] = self.tries.get(task_id, 0) + 1
-        limit = time_limit(hard_stop - now, len(self.pending) + 1 + running, live_workers, self.min_task_s,
-                           self.max_task_s)
+        need = self.needs.get(task_id, 1.0)
+        queued = need + sum(self.needs.get(t, 1.0) for t in (*self.pending, *self.running.values()))
+        self.running[worker] = task_id
+        limit = time_limit(hard_stop - now, queued / need, live_workers, self.min_task_s, self.max_task_s)
         return task_id, limit
 
     def done(self, worker: int, task_id: str) -> None:
+        self.running.pop(worker, None)
         self.streak[worker] = 0
 
     def failed(self, worker: int, task_id: str) -> bool:
         """A task the worker could not finish; True if the worker is now retired."""
+        self.running.pop(worker, None)
         self.streak[worker] = self.streak.get(worker, 0) + 1
         self._retry(task_id)
         if self.streak[worker] >= self.max_failures:
             self.retired.add(worker)
         return worker in self.retired
 
-    def lost(self, worker: int, task_id: str | None) -> None:
-        """The worker's process died: it is retired and its task goes back to the front of the queue."""
+    def retire(self, worker: int) -> None:
+        """The worker serves no more tasks (it could not start)."""
         self.retired.add(worker)
+
+    def lost(self, worker: int, task_id: str | None) -> bool:
+        """The worker's process died: its task goes back to the front of the queue. True: restart the worker on its
+        device (`respawns` not yet used up; its failure streak starts afresh); False: it is retired."""
+        self.running.pop(worker, None)
         if task_id is not None:
             self._retry(task_id)
+        if self.restarts.get(worker, 0) < self.respawns:
+            self.restarts[worker] = self.restarts.get(worker, 0) + 1
+            self.streak[worker] = 0
+            return True
+        self.retire(worker)
+        return False
 
     def _retry(self, task_id: str) -> None:
         if self.tries.get(task_id, 0) < self.max_tries:

@@ -42,6 +42,12 @@ class Candidate:
         return cls(to_grid(raw["grid"]), int(raw["hits"]), float(raw["nll"]))
 
 
+@dataclass(frozen=True)
+class Rescored:
+    candidates: tuple[Candidate, ...]  # best first
+    complete: bool  # every view scored every candidate before the deadline
+
+
 def _rng(task_id: str, seed: int, purpose: str) -> random.Random:
     return random.Random(f"{purpose}:{seed}:{task_id}")
 
@@ -78,14 +84,14 @@ NLLs = Callable[[Sequence[tuple[Sequence[int], int]]], Sequence[float]]
 
 def rescore(task: Task, test_index: int, hits: dict[Grid, int], views: Sequence[View], nlls: NLLs,
             max_len: int, deadline: float = math.inf, clock: Callable[[], float] = lambda: 0.0,
-            batch: int = 1, fmt: GridFormat = KIT16) -> list[Candidate]:
+            batch: int = 1, fmt: GridFormat = KIT16) -> Rescored:
     """Each found grid with its hits and its mean NLL under `views`, best first. Whole views at a time, every
     candidate in each: as many views per model call as `batch` sequences hold (at least one view; batch 1 = one
     sequence per call). The deadline is checked before each call; at the deadline the views finished so far are
-    the mean for every candidate alike (none: nll 0)."""
+    the mean for every candidate alike (none: nll 0), and the result is not `complete`."""
     grids = list(hits)
     if not grids:
-        return []
+        return Rescored((), True)
     totals = np.zeros(len(grids), np.float32)
     done = 0
     per_call = max(1, batch // max(len(grids), 1))
@@ -107,7 +113,8 @@ def rescore(task: Task, test_index: int, hits: dict[Grid, int], views: Sequence[
         for view_scores in np.array(scores, np.float32).reshape(-1, len(grids)):
             totals += view_scores
             done += 1
-    return rank([Candidate(g, hits[g], float(t / np.float32(max(done, 1)))) for g, t in zip(grids, totals)])
+    ranked = rank([Candidate(g, hits[g], float(t / np.float32(max(done, 1)))) for g, t in zip(grids, totals)])
+    return Rescored(tuple(ranked), done == len(views))
 
 
 def rank(candidates: Sequence[Candidate]) -> list[Candidate]:

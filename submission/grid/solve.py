@@ -1,13 +1,24 @@
-"""One task on one worker: test-time training, then per test input the search under 16 views and the rescoring.
+"""One task on one worker: test-time training, then the search under 16 views per test input, then the rescoring.
 
-The task's time limit is split as the study did: training takes at most `ttt.share` of it; the rest goes to the
-test inputs in equal parts. Each part is searched (all but its `rescore.share`) in batches of views
-(`search.views_per_batch`, at most `search.batch_s` each) and then rescored. Within a batch, `search.dfs_batch` views
-at a time walk their trees in lockstep, one model call per step for all of them (1: one view after the other);
-`search.preload` prefills the prompts searched together (the whole batch when dfs_batch is 1) in one model call.
-At a deadline the search stops where it is and the rescoring keeps the views it finished (none: nll 0, ranked by
-hits); every loop checks its deadline before each model call, so a task overruns its limit by at most one forward
-pass (with dfs_batch > 1, one pass of the group).
+The task's time limit is split as the study did: training takes at most `ttt.share` of it (the steps that fit are
+planned before it starts and all run: submission.grid.ttt); of the rest,
+`rescore.share` is kept for the rescoring and the search has the remainder. The search runs in batches of views
+(`search.views_per_batch`) taken in turn across the task's test inputs, as NVARC does (`search_order`): every input
+has half its views searched before any has the rest, so a deadline leaves every input an answer. Each batch may
+run `search.batch_s` at most and no more than an equal part of the search time still left, so one slow batch cannot
+starve the others. Within a batch, `search.dfs_batch` views at a time walk their trees in lockstep, one model call
+per step for all of them (1: one view after the other); `search.preload` prefills the prompts searched together
+(the whole batch when dfs_batch is 1) in one model call. Every view is seeded with its input's best answer so far
+(most hits, then the most probable), mapped into the view: its path costs one prefill (`dfs.search`'s guess).
+The rescoring then gives each input an equal part of the time left. At a deadline the search stops where it is
+and the rescoring keeps the views it finished (none: nll 0, ranked by hits); every loop checks its deadline before
+each model call, so a task overruns its limit by at most one forward pass (with dfs_batch > 1, one pass of the
+group). `complete` is true only if every search and every rescoring finished.
+
+A CUDA out-of-memory error retries its stage smaller and keeps the finished work (issue 29): the training retries the
+step with checkpointing (submission.grid.ttt); a preload falls back to one prompt at a time, a lockstep search group
+searches its views one at a time; a rescoring call is halved down to one sequence, and one that does not fit leaves
+the candidates ranked by hits.
 
 If no view finds an answer above the cut-off (a model not yet adapted to the task), the greedy answer under the
 plain view is the input's only candidate, with 0 hits: an answer beats an empty slot. This fallback is the kit's,
@@ -16,16 +27,19 @@ not the study's.
 
 from __future__ import annotations
 
+import math
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from submission.grid.config import GridProfile
-from submission.grid.dfs import greedy, search, search_batch
-from submission.grid.format import KIT16, GridFormat, decode_grid, encode
-from submission.grid.rescore import Candidate, rank, rescore, rescoring_views, search_views
+from submission.grid.dfs import SearchResult, greedy, search, search_batch
+from submission.grid.format import KIT16, GridFormat, answer_ids, decode_grid, encode
+from submission.grid.rescore import Candidate, rescore, rescoring_views, search_views
 from submission.grid.ttt import Adapter, training_sequences
+from submission.grids import Grid
 from submission.tasks import Task
 
 
@@ -41,66 +55,131 @@ class TaskOutcome:
     complete: bool  # every search and rescoring finished within the limit
 
 
+def search_order(inputs: int, views: int, per_batch: int) -> list[tuple[int, int]]:
+    """(test input, first view) of each search batch: batch k of every input before batch k + 1 of any."""
+    return [(index, first) for first in range(0, views, per_batch) for index in range(inputs)]
+
+
+def best_answer(hits: Counter, logps: dict[Grid, float]) -> Grid | None:
+    """The answer to seed the next views with: the most hits, then the highest log-probability in any view."""
+    return max(hits, key=lambda grid: (hits[grid], logps[grid]), default=None)
+
+
+def _alone(stepper, prompt, guess, profile: GridProfile, deadline: float, clock, fmt: GridFormat) -> SearchResult:
+    """One view's search after its lockstep group ran out of memory; out of memory alone too: nothing, incomplete."""
+    from submission.grid.model import OutOfMemory, release
+
+    try:
+        return search(stepper, prompt, profile.search.cutoff, profile.search.max_side, deadline, clock, guess=guess,
+                      fmt=fmt)
+    except OutOfMemory:
+        release(stepper.model)
+        return SearchResult((), False, 0)
+
+
 def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int, time_limit: float,
-               clock: Callable[[], float] = time.monotonic, fmt: GridFormat = KIT16) -> TaskOutcome:
+               clock: Callable[[], float] = time.monotonic,
+               log: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
+               fmt: GridFormat = KIT16) -> TaskOutcome:
     """`fmt`: the checkpoint's format (read_format of profile.model), which every prompt, training sequence, search
     and rescoring goes through."""
-    from submission.grid.model import HFBatchStepper, HFStepper, answer_nlls  # torch: only in the worker processes
+    from submission.grid.model import (HFBatchStepper, HFStepper, OutOfMemory, answer_nlls,  # torch: workers only
+                                       release, split_on_oom)
 
     start = clock()
     deadline = start + time_limit
-    seed = profile.rescore.seed
+    seed, config = profile.rescore.seed, profile.search
     sequences = training_sequences(task, profile.ttt, max_len, seed, fmt)
     adapter.reset()
-    report = adapter.train(sequences, start + profile.ttt.share * time_limit, clock)
+    report = adapter.train(sequences, profile.ttt.share * time_limit, clock)
     model = adapter.model
-    stepper = HFStepper(model)
+    stepper = HFStepper(model, profile.run.answer_room)
     prompt_len = max_len - profile.run.answer_room
     stage = Counter(ttt=report.seconds)
-    out, steps, complete = [], 0, True
-    for index in range(len(task.test_inputs)):
-        input_deadline = clock() + (deadline - clock()) / (len(task.test_inputs) - index)
-        t0 = clock()
-        search_deadline = input_deadline - profile.rescore.share * (input_deadline - t0)
-        hits: Counter = Counter()
-        views = search_views(task, profile.search.dihedrals, profile.search.colour_perms, seed)
-        size = max(profile.search.views_per_batch, 1)
-        for first in range(0, len(views), size):
-            batch_deadline = min(clock() + profile.search.batch_s, search_deadline)
-            batch = views[first:first + size]
-            prompts = [encode(shown.train, shown.test_inputs[index], max_len=prompt_len, fmt=fmt).ids
-                       for shown in (view.apply(task) for view in batch)]
-            if profile.search.dfs_batch == 1 and profile.search.preload and clock() < search_deadline:
+    inputs = len(task.test_inputs)
+    hits: list[Counter] = [Counter() for _ in range(inputs)]
+    logps: list[dict[Grid, float]] = [{} for _ in range(inputs)]
+    steps, complete = 0, True
+    t0 = clock()
+    search_deadline = deadline - profile.rescore.share * (deadline - t0)
+    views = search_views(task, config.dihedrals, config.colour_perms, seed)
+    size = max(config.views_per_batch, 1)
+    order = search_order(inputs, len(views), size)
+    for done, (index, first) in enumerate(order):
+        now = clock()
+        if now >= search_deadline:
+            complete = False
+            break
+        batch_deadline = min(now + config.batch_s, now + (search_deadline - now) / (len(order) - done))
+        batch = views[first:first + size]
+        prompts = [encode(shown.train, shown.test_inputs[index], max_len=prompt_len, fmt=fmt).ids
+                   for shown in (view.apply(task) for view in batch)]
+        if config.dfs_batch == 1 and config.preload:
+            try:
                 stepper.preload(prompts)  # the batch's prompts in one model call
-            group = profile.search.dfs_batch
-            for at in range(0, len(batch), group):
-                if clock() >= search_deadline:
-                    complete = False
-                    break
-                if group == 1:
-                    results = [search(stepper, prompts[at], profile.search.cutoff, profile.search.max_side,
-                                      batch_deadline, clock, fmt)]
+            except OutOfMemory:  # each prompt prefilled as its search starts instead
+                stepper.forget()
+                release(model)
+                log(f"task {task.id}: preloading {len(prompts)} prompts ran out of memory: one at a time")
+        for at in range(0, len(batch), config.dfs_batch):
+            if clock() >= batch_deadline:
+                complete = False
+                break
+            group = batch[at:at + config.dfs_batch]
+            best = best_answer(hits[index], logps[index])
+            guesses = [answer_ids(view.apply_grid(best), fmt) if best is not None else () for view in group]
+            try:
+                if len(group) == 1:
+                    results = [search(stepper, prompts[at], config.cutoff, config.max_side, batch_deadline, clock,
+                                      guess=guesses[0], fmt=fmt)]
                 else:  # a fresh stepper per group: the last group's cache is freed before this one's prefill
-                    results = search_batch(HFBatchStepper(model, profile.search.preload), prompts[at:at + group],
-                                           profile.search.cutoff, profile.search.max_side, batch_deadline, clock,
-                                           fmt)
-                for view, result in zip(batch[at:at + group], results):
-                    steps += result.steps
-                    complete &= result.complete
-                    for found in result.found:  # the grammar admits only grids: decoding cannot fail
-                        hits[view.invert_grid(decode_grid(found.tokens, fmt))] += 1
+                    results = search_batch(HFBatchStepper(model, config.preload, room=profile.run.answer_room),
+                                           prompts[at:at + len(group)], config.cutoff, config.max_side,
+                                           batch_deadline, clock, guesses, fmt)
+            except OutOfMemory:  # the group's views one at a time; one that does not fit alone gives nothing
+                release(model)
+                log(f"task {task.id}: search out of memory on {len(group)} views: one at a time")
+                results = [_alone(stepper, prompt, guess, profile, batch_deadline, clock, fmt)
+                           for prompt, guess in zip(prompts[at:at + len(group)], guesses)]
+            for view, result in zip(group, results):
+                steps += result.steps
+                complete &= result.complete
+                for found in result.found:  # the grammar admits only grids: decoding cannot fail
+                    grid = view.invert_grid(decode_grid(found.tokens, fmt))
+                    hits[index][grid] += 1
+                    logps[index][grid] = max(logps[index].get(grid, found.logp), found.logp)
         stepper.forget()
-        if not hits and clock() < input_deadline:  # nothing cleared the cut-off anywhere: the greedy answer
-            prompt = encode(task.train, task.test_inputs[index], max_len=prompt_len, fmt=fmt).ids
-            fallback = greedy(stepper, prompt, profile.search.max_side, input_deadline, clock, fmt)
-            if fallback is not None:
-                hits[decode_grid(fallback.tokens, fmt)] = 0
+    stage["search"] += clock() - t0
+    out = []
+    for index in range(inputs):
         t1 = clock()
-        stage["search"] += t1 - t0
+        input_deadline = t1 + (deadline - t1) / (inputs - index)
+        if not hits[index]:  # nothing cleared the cut-off anywhere: the greedy answer
+            prompt = encode(task.train, task.test_inputs[index], max_len=prompt_len, fmt=fmt).ids
+            try:
+                fallback = greedy(stepper, prompt, config.max_side, input_deadline, clock, fmt)
+            except OutOfMemory:
+                release(model)
+                log(f"task {task.id}: the greedy answer ran out of memory")
+                fallback = None
+            if fallback is None:
+                complete = False
+            else:
+                hits[index][decode_grid(fallback.tokens, fmt)] = 0
+        t2 = clock()
+        stage["search"] += t2 - t1
         views = rescoring_views(task, profile.rescore.views, seed)
-        candidates = rescore(task, index, dict(hits), views, lambda items: answer_nlls(model, items), max_len,
-                             input_deadline, clock, profile.rescore.batch, fmt)
-        stage["rescore"] += clock() - t1
-        out.append(tuple(rank(candidates)))
+        nlls = split_on_oom(lambda items: answer_nlls(model, items), model, log)
+        try:
+            rescored = rescore(task, index, dict(hits[index]), views, nlls, max_len, input_deadline, clock,
+                               profile.rescore.batch, fmt)
+        except OutOfMemory:  # one sequence does not fit: the candidates by their hits alone (nll 0)
+            release(model)
+            log(f"task {task.id}: rescoring out of memory on one sequence: ranked by hits")
+            rescored = rescore(task, index, dict(hits[index]), views, nlls, max_len, -math.inf, clock, fmt=fmt)
+            complete = False
+        complete &= rescored.complete
+        stage["rescore"] += clock() - t2
+        out.append(rescored.candidates)
     return TaskOutcome(task.id, tuple(out), dict(stage), report.steps, report.planned, report.losses, steps,
                        complete)

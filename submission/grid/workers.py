@@ -6,10 +6,15 @@ shared queue: a worker killed in the middle of a report (SIGKILL, the OOM killer
 held for ever and every other worker's reports stuck behind it; a private pipe only loses its own, half-written,
 message, which reads as end of file. The coordinator is the only writer: it appends each task's records to the
 attempt log and rewrites the answer file atomically after every task. It watches the workers: a process that dies
-(killed, out of memory) or overruns its task's limit by more than `GRACE_S` is retired and its task goes back to the
-front of the queue for another worker (once); a worker that fails `run.max_failures` tasks in a row is told to exit.
+(killed, out of memory) or overruns its task's limit by more than `GRACE_S` is killed and its task goes back to the
+front of the queue for another worker (once); the process is started afresh on its device up to `run.respawns`
+times, then that worker is retired; a worker that fails `run.max_failures` tasks in a row is told to exit.
 A worker whose coordinator is gone exits when idle. No task starts after `run.stop_new`; at the hard stop (or on
 `stop`: SIGTERM) every worker is terminated and the answers so far stand.
+
+As NVARC runs them, each worker process sees one GPU: `CUDA_VISIBLE_DEVICES` names its device alone (within what the
+run itself was given: the combined run's grid line sees two GPUs) and the worker loads onto `cuda:0`, so no worker
+makes a CUDA context or a stray allocation on another worker's GPU.
 
 `resume`: a run restarted with the log of a killed one restores every task whose records (attempts 1 and 2 of every
 test input) are all in the log, answers included, and queues only the others. A task killed while its records were
@@ -25,7 +30,7 @@ import queue as queue_module
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
@@ -42,14 +47,37 @@ from submission.tasks import Task, TaskSet
 GRACE_S = 30.0  # a task may overrun its limit by one model step; a worker this far past it is stuck
 
 
+def pin(device: str, visible: str | None) -> tuple[str | None, str]:
+    """A worker's `CUDA_VISIBLE_DEVICES` and the device it loads onto, from its profile device and the run's own
+    `CUDA_VISIBLE_DEVICES` (None: every GPU). `cuda:N` is the run's N-th visible GPU; a CPU worker is left alone."""
+    if not device.startswith("cuda"):
+        return None, device
+    index = int(device.partition(":")[2] or 0)
+    if not visible:
+        return str(index), "cuda:0"
+    ids = [v.strip() for v in visible.split(",") if v.strip()]
+    if index >= len(ids):
+        raise ValueError(f"run.devices: {device} is not among the {len(ids)} GPUs of CUDA_VISIBLE_DEVICES={visible}")
+    return ids[index], "cuda:0"
+
+
+def pinned(target: Callable, visible: str | None, worker: int, profile: GridProfile, inbox, report) -> None:
+    """The worker process's entry: its GPU alone made visible before anything touches CUDA, then `target` with a
+    profile whose device for this worker is the one it now sees (cuda:0)."""
+    if visible is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
+        devices = profile.run.devices[:worker] + ("cuda:0",) + profile.run.devices[worker + 1:]
+        profile = replace(profile, run=replace(profile.run, devices=devices))
+    target(worker, profile, inbox, report)
+
+
 def worker_main(worker: int, profile: GridProfile, inbox, report: Connection) -> None:
     """A worker process: load once, then solve tasks from `inbox` until told to stop (None) or orphaned."""
     import torch
 
     from submission.grid.format import read_format
-    from submission.grid.model import load_model
+    from submission.grid.model import load_adapter
     from submission.grid.solve import solve_task
-    from submission.grid.ttt import Adapter
 
     def send(kind: str, task_id: str | None, payload) -> None:
         try:
@@ -63,7 +91,7 @@ def worker_main(worker: int, profile: GridProfile, inbox, report: Connection) ->
     device = profile.run.devices[worker]
     try:
         fmt = read_format(profile.model.path, profile.model.format)  # before the weights: a bad tokenizer costs nothing
-        adapter = Adapter(load_model(profile.model.path, profile.model.dtype, device), profile.ttt)
+        adapter = load_adapter(profile.model, profile.ttt, device)
     except Exception as err:  # noqa: BLE001 - reported, then the worker is gone
         send("dead", None, f"{type(err).__name__}: {err}")
         return
@@ -79,8 +107,11 @@ def worker_main(worker: int, profile: GridProfile, inbox, report: Connection) ->
             return
         task, limit = message
         send("started", task.id, None)
+        # the task's training share by its size (run.ttt_s), handed to solve_task as its ttt.share
+        shaped = replace(profile, ttt=replace(profile.ttt, share=profile.run.ttt_share(task_cost(task),
+                                                                                        profile.ttt.share)))
         try:
-            send("done", task.id, solve_task(adapter, task, profile, profile.run.context(worker), limit, fmt=fmt))
+            send("done", task.id, solve_task(adapter, task, shaped, profile.run.context(worker), limit, fmt=fmt))
         except Exception as err:  # noqa: BLE001 - one task's failure is reported, the worker goes on
             send("failed", task.id, f"{type(err).__name__}: {err}")
 
@@ -126,6 +157,7 @@ class RunStats:
     lost: list[tuple[int, str | None]] = field(default_factory=list)  # (worker, its task) of dead workers
     by_worker: dict[str, int] = field(default_factory=dict)  # task id -> the worker that finished it
     restored: list[str] = field(default_factory=list)  # tasks finished by an earlier run of the same log
+    respawned: list[int] = field(default_factory=list)  # workers restarted on their device, once per restart
 
 
 class Coordinator:
@@ -147,8 +179,9 @@ class Coordinator:
         self.clock = clock or (lambda: time.monotonic() - start)
         run = profile.run
         restored = set(self.stats.restored)
-        self.queue = TaskQueue({t.id: task_cost(t) for t in tasks.tasks if t.id not in restored}, run.min_task_s,
-                               run.max_task_s, run.max_failures)
+        costs = {t.id: task_cost(t) for t in tasks.tasks if t.id not in restored}
+        self.queue = TaskQueue(costs, run.min_task_s, run.max_task_s, run.max_failures, respawns=run.respawns,
+                               needs={t: run.task_need(c) for t, c in costs.items()})
 
     def stop(self, reason: str) -> None:
         """End the run early, as at the hard stop (a signal handler calls it): the loop sees it within 0.2 s."""
@@ -175,36 +208,48 @@ class Coordinator:
                 self.stats.restored.append(task_id)
         self.answers.write()
 
+    def spawn(self, w: int, context, inboxes: list, processes: list, reports: dict) -> None:
+        """Start worker `w`'s process (again, after a loss: a fresh inbox, since a process killed inside the old
+        one's reader may have left it locked), pinned to its device."""
+        visible, _ = pin(self.profile.run.devices[w], os.environ.get("CUDA_VISIBLE_DEVICES"))
+        inboxes[w] = context.Queue()
+        reader, sender = context.Pipe(duplex=False)
+        processes[w] = context.Process(target=pinned, args=(self.worker, visible, w, self.profile, inboxes[w], sender),
+                                       daemon=True)
+        processes[w].start()
+        sender.close()  # the worker holds the only write end: its death reads as end of file here
+        reports[reader] = w
+
     def run(self) -> RunStats:
         run = self.profile.run
         if not self.queue.pending:  # everything restored: no worker needs to load the model
             if self.log is not None:
                 self.log.close()
             return self.stats
+        for device in run.devices:  # a device outside CUDA_VISIBLE_DEVICES is refused before any process starts
+            pin(device, os.environ.get("CUDA_VISIBLE_DEVICES"))
         context = mp.get_context("spawn")
-        inboxes = [context.Queue() for _ in run.devices]
-        pipes = [context.Pipe(duplex=False) for _ in run.devices]
-        processes = [context.Process(target=self.worker, args=(w, self.profile, inboxes[w], pipes[w][1]),
-                                     daemon=True) for w in range(len(run.devices))]
-        for process, (_, sender) in zip(processes, pipes):
-            process.start()
-            sender.close()  # the worker holds the only write end: its death reads as end of file here
-        reports = {reader: w for w, (reader, _) in enumerate(pipes)}
+        count = len(run.devices)
+        inboxes: list = [None] * count
+        processes: list = [None] * count
+        reports: dict[Connection, int] = {}
+        for w in range(count):
+            self.spawn(w, context, inboxes, processes, reports)
         ready: set[int] = set()
         busy: dict[int, tuple[str, float, float]] = {}  # worker -> (task id, started, limit)
         gone: set[int] = set()
         try:
             while self.clock() < run.hard_stop and not self.stopping:
-                live = [w for w in range(len(processes)) if w not in gone and w not in self.queue.retired]
+                live = [w for w in range(count) if w not in gone and w not in self.queue.retired]
                 for w in sorted(ready - set(busy) - gone):
-                    nxt = self.queue.next(w, self.clock(), run.stop_new, run.hard_stop, len(live), len(busy))
+                    nxt = self.queue.next(w, self.clock(), run.stop_new, run.hard_stop, len(live))
                     if nxt is not None:
                         busy[w] = (nxt[0], self.clock(), nxt[1])
                         inboxes[w].put((self.by_id[nxt[0]], nxt[1]))
                 if not busy and (not self.queue.pending or not live or self.clock() >= run.stop_new):
                     break
                 for kind, w, task_id, payload in receive(reports, timeout=0.2):
-                    if w in gone:  # a stuck worker's late report: its task is already back in the queue
+                    if w in gone:  # retired for good: what it still says changes nothing
                         continue
                     self._event(kind, w, task_id, payload, busy, ready, gone, processes[w])
                     if kind == "failed" and w in self.queue.retired:
@@ -218,14 +263,25 @@ class Coordinator:
                     if dead or stuck:
                         if stuck:
                             process.kill()
-                        gone.add(w)
+                            process.join()
+                        ready.discard(w)
                         task = busy.pop(w, (None,))[0]
                         if w in self.queue.retired and task is None:
+                            gone.add(w)
                             continue  # a retired worker that exited as told
-                        self.queue.lost(w, task)
                         self.stats.lost.append((w, task))
+                        again = self.queue.lost(w, task)
                         print(f"worker {w} {'stuck' if stuck else 'died'}"
-                              f"{f' on task {task}: it goes back to the queue' if task else ''}", file=sys.stderr)
+                              f"{f' on task {task}: it goes back to the queue' if task else ''}"
+                              f"{f'; restarting it on {run.devices[w]}' if again else ''}", file=sys.stderr)
+                        for reader in [r for r, owner in reports.items() if owner == w]:
+                            del reports[reader]
+                            reader.close()
+                        if again:
+                            self.stats.respawned.append(w)
+                            self.spawn(w, context, inboxes, processes, reports)
+                        else:
+                            gone.add(w)
         finally:  # idle workers are told to stop; busy ones are past the hard stop or the queue's end: killed
             for w, inbox in enumerate(inboxes):
                 if w in busy:
@@ -251,8 +307,8 @@ class Coordinator:
             ready.add(w)
         elif kind == "dead":
             print(f"worker {w} could not start: {payload}", file=sys.stderr)
-            gone.add(w)
-            self.queue.lost(w, None)
+            gone.add(w)  # loading fails the same way again: not restarted
+            self.queue.retire(w)
         elif kind == "failed":
             busy.pop(w, None)
             self.stats.failed.append((task_id, payload))
