@@ -16,11 +16,20 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
-
 from submission.config import _build, _toml_value, read_profile
 from submission.grid.format import LAYOUTS
 from submission.grid.ttt import TTTConfig
+
+
+def _interp(x: float, xs: tuple[float, ...] | list[float], ys: tuple[float, ...] | list[float]) -> float:
+    """Piecewise-linear through (xs, ys), flat beyond the ends (numpy.interp's rule). Pure Python: the preflight
+    imports this module on a bare interpreter before the wheels (numpy among them) are installed."""
+    if x <= xs[0]:
+        return float(ys[0])
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if x <= x1:
+            return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+    return float(ys[-1])
 
 
 @dataclass(frozen=True)
@@ -121,13 +130,13 @@ class RunConfig:
 
     def task_need(self, cost: int) -> float:
         """A task's seconds by its size (`task_s`); 1.0 for every task without a table (the queue's unit)."""
-        return float(np.interp(cost, self.size_tokens, self.task_s)) if self.task_s else 1.0
+        return _interp(cost, self.size_tokens, self.task_s) if self.task_s else 1.0
 
     def ttt_share(self, cost: int, default: float) -> float:
         """The share of a task's limit its training takes: `ttt_s / task_s` at its size, else `default`."""
         if not self.ttt_s:
             return default
-        return float(np.interp(cost, self.size_tokens, self.ttt_s)) / self.task_need(cost)
+        return _interp(cost, self.size_tokens, self.ttt_s) / self.task_need(cost)
 
     def scaled(self, time_limit_s: float) -> RunConfig:
         """This run in miniature for a shorter time limit (the commit run's rehearsal, submission.main
