@@ -22,6 +22,14 @@ What V2 hands a processor (vllm/v1/worker/gpu/sample/logits_processor/interface.
 No host sync per step: which slots are active or new is known on the host (numpy, indexed by `ctx.idx_mapping_np`);
 everything that reads tokens stays on the device (no `.item()`, no boolean indexing), and host-to-device copies go
 through pinned memory without blocking.
+
+Per-step cost (issue 31; benchmarks/v2_processor.py): the only vocabulary-wide work is one in-place `div_` of the
+logits by a per-row scale (1 on rows before `</think>`: sync-free code cannot know that no row is past it, so it
+cannot skip the write); the banned ids are written through a `[rows, MAX_BANNED]` index (a gather and a scatter of
+their own values, or -inf past `</think>`). Every temporary of `apply` is `[rows]` or `[rows, MAX_BANNED]` sized,
+nothing `[rows, vocab]`: vLLM's memory profiling runs its warm-up requests without the kit's `extra_args`, so `apply`
+returns early there and whatever it allocates goes unprofiled (the dense ban table and its two `[rows, vocab]`
+boolean temporaries were ~90 MiB at 320 rows of a 152k vocabulary).
 """
 
 from __future__ import annotations
@@ -31,6 +39,9 @@ import torch
 from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor
 
 _NEVER = np.iinfo(np.int64).max  # a local row position no row reaches
+# The most ids a request may ban: the kit bans submission.answer.CHAT_TOKENS, four (this module imports nothing of
+# the kit: vLLM loads it by name in every worker; tests/test_vllm_v2.py keeps the two in step).
+MAX_BANNED = 4
 
 
 def _scale_of(params) -> float | None:
@@ -53,7 +64,9 @@ class AnswerTemperature(LogitsProcessor):
         # device, per slot
         self.scale = torch.ones(n, dtype=torch.float32, device=self.device)
         self.think_end = torch.full((n,), -1, dtype=torch.int64, device=self.device)
-        self.banned = torch.zeros((n, self.vocab), dtype=torch.bool, device=self.device)
+        # the banned ids, padded by repeating the last one (a duplicate index writes the same value); `bans`: any
+        self.banned = torch.zeros((n, MAX_BANNED), dtype=torch.int64, device=self.device)
+        self.bans = torch.zeros(n, dtype=torch.bool, device=self.device)
         self.seen = torch.zeros(n, dtype=torch.bool, device=self.device)  # a committed </think> after the prompt
         self.scanned = torch.zeros(n, dtype=torch.int64, device=self.device)  # committed tokens scanned so far
 
@@ -66,8 +79,11 @@ class AnswerTemperature(LogitsProcessor):
             raise ValueError("answer_scale must be positive")
         if not isinstance(extra.get("think_end_id"), int):
             raise ValueError("answer_scale needs think_end_id, the token id of </think>")
-        if not all(isinstance(i, int) for i in extra.get("banned_ids", [])):
+        banned = extra.get("banned_ids", [])
+        if not all(isinstance(i, int) for i in banned):
             raise ValueError("banned_ids must be token ids")
+        if len(set(banned)) > MAX_BANNED:
+            raise ValueError(f"banned_ids holds {len(set(banned))} ids; this processor bans at most {MAX_BANNED}")
 
     def add_request(self, req_idx: int, sampling_params) -> bool:
         scale = _scale_of(sampling_params)
@@ -75,7 +91,7 @@ class AnswerTemperature(LogitsProcessor):
         if scale is None:  # neutral state: scale 1, no </think> id, nothing banned
             self.staged[req_idx] = (1.0, -1, [])
         else:
-            banned = [i for i in extra.get("banned_ids", []) if 0 <= i < self.vocab]
+            banned = sorted({i for i in extra.get("banned_ids", []) if 0 <= i < self.vocab})
             self.staged[req_idx] = (scale, int(extra["think_end_id"]), banned)
         self.active[req_idx] = scale is not None
         self.fresh[req_idx] = True
@@ -91,13 +107,13 @@ class AnswerTemperature(LogitsProcessor):
         if not self.staged:
             return
         slots = sorted(self.staged)
-        banned = np.zeros((len(slots), self.vocab), dtype=bool)
-        for row, slot in enumerate(slots):
-            banned[row, self.staged[slot][2]] = True
+        banned = np.array([(ids + ids[-1:] * MAX_BANNED)[:MAX_BANNED] if ids else [0] * MAX_BANNED
+                           for _, _, ids in map(self.staged.get, slots)], dtype=np.int64)
         index = self._to_device(np.array(slots, dtype=np.int64))
         self.scale[index] = self._to_device(np.array([self.staged[s][0] for s in slots], dtype=np.float32))
         self.think_end[index] = self._to_device(np.array([self.staged[s][1] for s in slots], dtype=np.int64))
         self.banned[index] = self._to_device(banned)
+        self.bans[index] = self._to_device(np.array([bool(self.staged[s][2]) for s in slots]))
         self.seen[index] = False
         self.scanned[index] = 0
         self.staged.clear()
@@ -138,6 +154,8 @@ class AnswerTemperature(LogitsProcessor):
         first = torch.full_like(self.scanned, _NEVER)  # per slot: the first local row fed a </think> this step
         first.scatter_reduce_(0, rows, torch.where(fed, local, torch.full_like(local, _NEVER)), "amin")
         after = self.seen[rows] | (local >= first[rows])
-        logits.div_(torch.where(after, self.scale[rows], torch.ones_like(self.scale[rows]))[:, None])
-        logits.masked_fill_(after[:, None] & self.banned[rows], float("-inf"))
+        logits.div_(torch.where(after, self.scale[rows], 1.0)[:, None])
+        banned = self.banned[rows]
+        kept = logits.gather(1, banned)  # written back as it is where nothing is banned
+        logits.scatter_(1, banned, torch.where((after & self.bans[rows])[:, None], float("-inf"), kept))
         return logits
