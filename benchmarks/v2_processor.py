@@ -6,7 +6,7 @@ The shape: the profile's `max_num_seqs` requests (64), each with 1 + `mtp_specul
 rows of the vocabulary of moe-4xL4's model, the pruned Qwen3-Next-80B-A3B (pruning keeps the vocabulary:
 build.topology, 151,936 tokens). Rows laid out as vLLM 0.33's Model Runner V2 lays them out (int32 input ids and local
 positions, slots in a shuffled batch order; tests/test_vllm_v2_inputs.py); half of the requests are past `</think>`.
-One steady step is measured, after the step that scans each new request's output once.
+One steady step is measured, after the step that admits the requests.
 
 Bytes written are counted per dispatched aten op (a TorchDispatchMode): a new tensor's bytes, the whole tensor for an
 in-place elementwise op, the indexed elements for a scatter or an indexed write, nothing for a view. "Before" is the
@@ -47,7 +47,6 @@ REPO = Path(__file__).resolve().parents[1]
 MODULE = "submission/engines/vllm_logits_v2.py"
 THINK, BANNED = 151668, [151644, 151645, 151667, 151668]  # Qwen3's </think>, and four chat tokens
 MAX_LEN = 8192  # committed tokens per slot: a steady step reads only its scan window of them
-INDEXED_WRITES = {"aten.scatter_", "aten.scatter_reduce_", "aten.index_put_"}
 
 
 def written(func, args, out) -> int:
@@ -98,12 +97,14 @@ def processor_before(commit: str) -> type:
 def one_step(processor_class: type, requests: int, drafts: int, vocab: int) -> tuple[Counter, int]:
     """(the steady step's counter, its logits rows) for `requests` requests with `drafts` drafts each."""
     slots = max(requests, 64)
+    lengths = lambda n: torch.full((slots,), n, dtype=torch.int32)  # noqa: E731
+    # each request arrives with 2,000 tokens of output (as after preemption): its first step finds a </think> there
     state = SimpleNamespace(
         device=torch.device("cpu"), max_num_reqs=slots, vocab_size=vocab,
         all_token_ids=SimpleNamespace(gpu=torch.zeros((slots, MAX_LEN), dtype=torch.int32)),
-        prompt_len=SimpleNamespace(gpu=torch.full((slots,), 1000, dtype=torch.int32)),
-        prefill_len=SimpleNamespace(gpu=torch.full((slots,), 1000, dtype=torch.int32)),
-        total_len=SimpleNamespace(gpu=torch.full((slots,), 3000, dtype=torch.int32)))
+        prompt_len=SimpleNamespace(gpu=lengths(1000), np=lengths(1000).numpy()),
+        prefill_len=SimpleNamespace(gpu=lengths(3000), np=lengths(3000).numpy()), total_len=SimpleNamespace(
+            gpu=lengths(3000)))
     config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=drafts))
     processor = processor_class(config, state)
     order = random.Random(0).sample(range(slots), requests)
@@ -127,6 +128,8 @@ def one_step(processor_class: type, requests: int, drafts: int, vocab: int) -> t
     counter = Counter()
     with counter:
         processor.apply(logits, ctx)
+    past = int(torch.isinf(logits[:, BANNED[0]]).sum())
+    assert past == requests // 2 * (1 + drafts), f"{past} rows past </think>, not half of {rows}"
     return counter, rows
 
 

@@ -97,6 +97,9 @@ def test_the_layout_these_tests_build_is_033s(v033):
     runner, rejection = v033.read(RUNNER), v033.read(REJECTION)
     assert "self.prompt_len = UvaBackedTensor(self.max_num_reqs, dtype=torch.int32)" in states
     assert "self.prompt_len.copy_to_uva()" in states  # every flush, staged or not
+    assert "self.prefill_len.np[req_idx] = prefill_len" in states  # on the host, at add_request
+    assert "self.np = self.cpu.numpy()" in buffers  # ... in the host array the UvaBackedTensor keeps
+    assert runner.index("self.req_states.add_request(") < runner.index("self.sampler.add_request(req_index")
     assert "self.gpu = self.pool.copy_to_uva(" in buffers  # ... re-points .gpu to the pool's next buffer
     assert "self.input_ids = torch.zeros(max_num_tokens, dtype=torch.int32" in batch
     assert "self.positions = torch.zeros(max_num_tokens, dtype=torch.int64" in batch
@@ -319,21 +322,22 @@ def stream_mismatch(v2, processor_class) -> str | None:
     return f"steps {bad} differ from the token streams" if bad else None
 
 
-# --- the per-step path on the meta device: no host sync, no per-request work, nothing [rows, vocab] -------------
+# --- the per-step path on the meta device: no host sync, no per-request work, nothing vocabulary-wide ------------
 
 SYNCING = {"aten._local_scalar_dense", "aten.item", "aten.is_nonzero", "aten.nonzero", "aten.masked_select",
            "aten.unique_dim", "aten._unique2", "aten.unique_consecutive", "aten.equal", "aten.allclose"}
+MAX_LEN = 96  # max_model_len of these steps: a [requests, max_model_len] temporary is recognisable too
 
 
 class PerStepOps(TorchDispatchMode):
     """Every aten op the processor dispatches: its name, whether it waits for the device (a value read on the host,
-    a device-to-host copy, a data-dependent shape), and any new tensor with a vocabulary-sized dimension."""
+    a device-to-host copy, a data-dependent shape), and any new tensor as wide as the vocabulary or max_model_len."""
 
     def __init__(self):
         super().__init__()
         self.ops: list[str] = []
         self.syncs: list[str] = []
-        self.vocab_sized: list[str] = []
+        self.wide: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func.overloadpacket)
@@ -346,9 +350,10 @@ class PerStepOps(TorchDispatchMode):
         if any(isinstance(o, torch.Tensor) and o.device.type == "cpu" for o in _flat([out])) and any(
                 t.device.type == "meta" for t in tensors):
             self.syncs.append(f"{name} to the host")
-        in_place = func._schema.arguments and func._schema.arguments[0].alias_info is not None
-        if not in_place and any(isinstance(o, torch.Tensor) and VOCAB in o.shape for o in _flat([out])):
-            self.vocab_sized.append(name)
+        in_place_or_view = func._schema.arguments and func._schema.arguments[0].alias_info is not None
+        if not in_place_or_view and any(isinstance(o, torch.Tensor) and {VOCAB, MAX_LEN} & set(o.shape)
+                                        for o in _flat([out])):
+            self.wide.append(name)
         return out
 
 
@@ -359,35 +364,40 @@ def _flat(values) -> list:
     return flat
 
 
-def decode_step(v2, processor_class, requests: int, hook) -> None:
-    """`requests` requests in steady decode with two drafts each, on the meta device; `hook` sees the second step's
-    processor calls (the first scans each new request's whole output once)."""
-    runner = Runner(v2, processor_class, drafts=2, slots=64, max_len=96, device="meta")
+def two_steps(v2, processor_class, requests: int, first=None, steady=None) -> None:
+    """`requests` requests on the meta device with two drafts each: the step that admits them (one in four resumed
+    after preemption, with output), then a steady decode step; `first` and `steady` wrap the processor's calls."""
+    runner = Runner(v2, processor_class, drafts=2, slots=64, max_len=MAX_LEN, device="meta")
     names = [f"r{i}" for i in range(requests)]
     for i, name in enumerate(names):
-        runner.add(name, [1, 2, 4], 0.5 if i % 4 else None)
-    runner.step({name: (3, [], 0, 8) for name in names}, max_chunk_logits=10**6)
-    runner.step({name: (0, [THINK, 9], 1, 8) for name in names}, max_chunk_logits=10**6, hook=hook)
+        runner.add(name, [1, 2, 4], 0.5 if i % 4 else None, (8, THINK, 9) if i % 4 == 1 else ())
+    runner.step({name: (len(runner.requests[name].stream), [], 0, 8) for name in names}, 10**6, hook=first)
+    runner.step({name: (0, [THINK, 9], 1, 8) for name in names}, 10**6, hook=steady)
 
 
-def per_step_ops(v2, processor_class, requests: int) -> PerStepOps:
-    """The processor's dispatched ops in one step; a host read on meta (`.tolist()`, `.cpu()`, `.item()`) raises."""
+def per_step_ops(v2, processor_class, requests: int, step: str) -> PerStepOps:
+    """The processor's dispatched ops in the `step` ("first" or "steady"); a host read on meta (`.tolist()`,
+    `.cpu()`, `.item()`) raises."""
     mode = PerStepOps()
     try:
-        decode_step(v2, processor_class, requests, hook=lambda: mode)
+        two_steps(v2, processor_class, requests, **{step: lambda: mode})
     except (NotImplementedError, RuntimeError) as err:
         mode.syncs.append(f"a value read on the host: {err}")
     return mode
 
 
+STEPS = ("first", "steady")
+
+
 def host_syncs(v2, processor_class) -> str | None:
-    syncs = per_step_ops(v2, processor_class, 8).syncs
+    syncs = [f"{step}: {sync}" for step in STEPS for sync in per_step_ops(v2, processor_class, 8, step).syncs]
     return f"synchronises: {syncs}" if syncs else None
 
 
 def per_request_ops(v2, processor_class) -> str | None:
-    few, many = (len(per_step_ops(v2, processor_class, n).ops) for n in (8, 64))
-    return None if few == many else f"{few} ops at 8 requests, {many} at 64"
+    counts = {step: [len(per_step_ops(v2, processor_class, n, step).ops) for n in (8, 64)] for step in STEPS}
+    grows = {step: c for step, c in counts.items() if c[0] != c[1]}
+    return f"ops at 8 and 64 requests: {grows}" if grows else None
 
 
 # --- the shipped processor ------------------------------------------------------------------------------------
@@ -405,11 +415,13 @@ def test_the_per_step_op_count_does_not_grow_with_the_batch(v2):
     assert per_request_ops(v2, AnswerTemperature) is None
 
 
-def test_apply_allocates_nothing_vocabulary_sized(v2):
-    """vLLM profiles memory with requests that carry no extra_args, so apply's temporaries are never profiled; only
-    the logits themselves (in place) may be vocabulary-wide."""
-    mode = per_step_ops(v2, AnswerTemperature, 64)
-    assert mode.ops and not mode.vocab_sized, mode.vocab_sized
+@pytest.mark.parametrize("step", STEPS)
+def test_apply_allocates_nothing_vocabulary_or_context_wide(v2, step):
+    """vLLM profiles memory with requests that carry no extra_args, so apply's temporaries are never profiled: only
+    the logits themselves (in place) may be vocabulary-wide, and nothing max_model_len-wide (a first step used to
+    scan each new request's whole row of all_token_ids)."""
+    mode = per_step_ops(v2, AnswerTemperature, 64, step)
+    assert mode.ops and not mode.wide, mode.wide
 
 
 def test_the_kit_bans_no_more_ids_than_the_processor_holds():
@@ -428,7 +440,7 @@ class CachesPromptLen(AnswerTemperature):
 
     def __init__(self, vllm_config, req_states):
         super().__init__(vllm_config, req_states)
-        prompt_len = SimpleNamespace(gpu=req_states.prompt_len.gpu)
+        prompt_len = SimpleNamespace(gpu=req_states.prompt_len.gpu, np=req_states.prompt_len.np)
         self.req_states = SimpleNamespace(**{k: getattr(req_states, k) for k in (
             "device", "max_num_reqs", "vocab_size", "all_token_ids", "prefill_len", "total_len")},
             prompt_len=prompt_len)

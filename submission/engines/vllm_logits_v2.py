@@ -12,8 +12,8 @@ What V2 hands a processor (vllm/v1/worker/gpu/sample/logits_processor/interface.
   and under speculative decoding a request owns one row per draft token (`ctx.expanded_local_pos` 0, 1, ...).
 - Committed tokens are in `req_states.all_token_ids` up to `total_len`. A sticky per-slot flag remembers a committed
   `</think>` after the prompt; each step scans only the tokens committed since the last scan (a window of
-  `8 x (drafts + 1)`, more than one step commits, so it never falls behind), and a slot's first step scans its whole
-  output once (a request resumed after preemption arrives with output already).
+  `8 x (drafts + 1)`, more than one step commits, so it never falls behind), and a slot's first step scans the output
+  it arrived with once (a request resumed after preemption has some; its length is known on the host).
 - This step's draft tokens are only in `ctx.input_ids`: row k of a request sees the drafts fed at its rows 0..k, so
   a `</think>` fed at row j (at a position past the prompt) turns on rows j, j+1, ... of that request, this step only;
   if the draft is accepted the next step finds it committed.
@@ -26,10 +26,12 @@ through pinned memory without blocking.
 Per-step cost (issue 31; benchmarks/v2_processor.py): the only vocabulary-wide work is one in-place `div_` of the
 logits by a per-row scale (1 on rows before `</think>`: sync-free code cannot know that no row is past it, so it
 cannot skip the write); the banned ids are written through a `[rows, MAX_BANNED]` index (a gather and a scatter of
-their own values, or -inf past `</think>`). Every temporary of `apply` is `[rows]` or `[rows, MAX_BANNED]` sized,
-nothing `[rows, vocab]`: vLLM's memory profiling runs its warm-up requests without the kit's `extra_args`, so `apply`
-returns early there and whatever it allocates goes unprofiled (the dense ban table and its two `[rows, vocab]`
-boolean temporaries were ~90 MiB at 320 rows of a 152k vocabulary).
+their own values, or -inf past `</think>`). Every temporary of `apply` is `[rows]`, `[rows, MAX_BANNED]` or
+`[requests, scan window]` sized (and `[resumed requests, their output]` at a resumed request's first step), nothing
+`[rows, vocab]` or `[requests, max_model_len]`: vLLM's memory profiling runs its warm-up requests without the kit's
+`extra_args`, so `apply` returns early there and whatever it allocates goes unprofiled (the dense ban table's two
+`[rows, vocab]` boolean temporaries were ~90 MiB at 320 rows of a 152k vocabulary; the first step's whole-row scan of
+64 new requests ~60 MiB at a 114,688-token max_model_len).
 """
 
 from __future__ import annotations
@@ -128,15 +130,24 @@ class AnswerTemperature(LogitsProcessor):
         self.seen[reqs] = self.seen[reqs] | (found & (positions < total[:, None])).any(dim=1)
         self.scanned[reqs] = torch.minimum(start + self.window, total)
 
-    def _scan_whole(self, reqs: torch.Tensor) -> None:
-        """Update `seen` from all the output these slots have committed (their first step only)."""
-        tokens = self.req_states.all_token_ids.gpu[reqs]
-        total = self.req_states.total_len.gpu[reqs].long()
-        prompt = self.req_states.prompt_len.gpu.to(self.device)[reqs].long()
-        columns = torch.arange(tokens.shape[1], device=self.device)[None, :]
-        found = (tokens == self.think_end[reqs, None]) & (columns >= prompt[:, None]) & (columns < total[:, None])
+    def _scan_arrived(self, slots: np.ndarray) -> None:
+        """Update `seen` from the output these slots arrived with, at their first step: only a request resumed after
+        preemption has any, and nothing is committed before a slot's first step. Its length is on the host (the
+        runner writes `prompt_len.np` and `prefill_len.np` in add_request, before the processors' add_request), so
+        a new request costs nothing and a resumed one a [resumed slots, longest output] gather."""
+        prompt = self.req_states.prompt_len.np[slots].astype(np.int64)
+        arrived = self.req_states.prefill_len.np[slots].astype(np.int64) - prompt
+        slots, prompt, arrived = slots[arrived > 0], prompt[arrived > 0], arrived[arrived > 0]
+        if not len(slots):
+            return
+        reqs = self._to_device(slots.astype(np.int64))
+        tokens = self.req_states.all_token_ids.gpu
+        columns = torch.arange(int(arrived.max()), device=self.device)[None, :]
+        positions = (self._to_device(prompt)[:, None] + columns).clamp(max=tokens.shape[1] - 1)
+        found = (tokens[reqs[:, None], positions] == self.think_end[reqs, None]) & (
+            columns < self._to_device(arrived)[:, None])
         self.seen[reqs] = self.seen[reqs] | found.any(dim=1)
-        self.scanned[reqs] = total
+        self.scanned[reqs] = self._to_device(prompt + arrived)
 
     def apply(self, logits: torch.Tensor, ctx) -> torch.Tensor:
         batch = ctx.idx_mapping_np
@@ -144,8 +155,8 @@ class AnswerTemperature(LogitsProcessor):
             return logits
         self._scan_new(ctx.idx_mapping.long())
         fresh = batch[self.fresh[batch]]
-        if len(fresh):  # a slot's first step: its whole output (a resumed request has some), once
-            self._scan_whole(self._to_device(fresh.astype(np.int64)))
+        if len(fresh):  # a slot's first step: the output it arrived with, once
+            self._scan_arrived(fresh)
             self.fresh[fresh] = False
         rows = ctx.expanded_idx_mapping.long()
         local = ctx.expanded_local_pos.long()
