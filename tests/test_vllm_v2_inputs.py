@@ -8,8 +8,8 @@ the wheel the same way); each step's rows are laid out as `prepare_inputs` (vllm
 each request's token stream (prompt, committed output, this step's drafts), not from the processor's rules. Two CPU
 checks stand in for the GPU's: the per-step path on the meta device (tensors without data, so anything that reads a
 value on the host fails) under a TorchDispatchMode that also flags the synchronising ops, and the same path's
-dispatched op count at 8 and 64 requests. Four broken processors show that these tests catch what the older ones did
-not (issue 31, section 2).
+dispatched op count at 8 and 64 requests. Four kinds of broken processor (the host sync in two forms) show that these
+tests catch what the older ones did not (issue 31, section 2).
 """
 
 from __future__ import annotations
@@ -192,9 +192,9 @@ class Runner:
             logits_indices += range(start + len(query) - rows, start + len(query))
             prefill_len = int(self.state.prefill_len.gpu[req.slot])
             for local in range(rows):
-                pos = first + len(query) - rows + local
-                placeholder = local > 0 and pos - local < prefill_len  # gather_draft_sampled's rule
-                step.rows.append(Row(req_id, req.slot, local, pos, -1 if placeholder else query[len(query) - rows + local]))
+                offset = len(query) - rows + local
+                placeholder = local > 0 and first + offset - local < prefill_len  # gather_draft_sampled's rule
+                step.rows.append(Row(req_id, req.slot, local, first + offset, -1 if placeholder else query[offset]))
             num_logits.append(rows)
         slots = np.array([self.requests[r].slot for r in schedule], dtype=np.intp)
         index = torch.tensor(logits_indices)
@@ -291,7 +291,7 @@ def run_streams(v2, processor_class) -> list[tuple[torch.Tensor, torch.Tensor]]:
     long_output = tuple([8] * 30 + [THINK] + [9] * 5)  # beyond one step's scan window (8 x (2 + 1) tokens)
     run({"a": (3, [0, 0], 0, 8),  # prompt ending in </think> (an earlier turn), then two placeholder rows: no row
          "b": (6, [], 0, 0),  # first chunk of a 10-token prompt holding </think>: fed at a prompt position, no row
-         "c": (3, [], 0, 9),  # a request the processor leaves alone
+         "c": (3, [0, 0], 0, 9),  # a request the processor leaves alone (its placeholders match its </think> id, -1)
          "d": (39, [], 0, 9)},  # resumed after preemption, </think> far back in its output: its row
         adds=[("a", [1, 2, THINK], 0.5), ("b", [1, 2, 4, 6, 8, THINK, 9, 10, 12, 14], 0.25),
               ("c", [1, 2, 4], None), ("d", [1, 2, 4], 0.5, long_output)], seed=1)

@@ -42,7 +42,7 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor
 
 _NEVER = np.iinfo(np.int64).max  # a local row position no row reaches
 # The most ids a request may ban: the kit bans submission.answer.CHAT_TOKENS, four (this module imports nothing of
-# the kit: vLLM loads it by name in every worker; tests/test_vllm_v2.py keeps the two in step).
+# the kit: vLLM loads it by name in every worker; tests/test_vllm_v2_inputs.py keeps the two in step).
 MAX_BANNED = 4
 
 
@@ -61,7 +61,7 @@ class AnswerTemperature(LogitsProcessor):
         self.window = 8 * (drafts + 1)
         # host, per slot: what add_request knows
         self.active = np.zeros(n, dtype=bool)  # this processor acts on the slot's request
-        self.fresh = np.zeros(n, dtype=bool)  # added since its last step: scan its whole output once
+        self.fresh = np.zeros(n, dtype=bool)  # added since its last step: scan the output it arrived with
         self.staged: dict[int, tuple[float, int, list[int]]] = {}  # slot -> (scale, </think> id, banned ids)
         # device, per slot
         self.scale = torch.ones(n, dtype=torch.float32, device=self.device)
