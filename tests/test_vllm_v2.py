@@ -69,13 +69,16 @@ def test_installed_v2_interface_is_033s(v033, installed):
 
 
 def request_state(slots: int = 8, length: int = 64, device: str = "cpu"):
-    """What V2's RequestState shows a processor (LogitsProcRequestState.from_request_state reads these fields)."""
+    """What V2's RequestState shows a processor (LogitsProcRequestState.from_request_state reads these fields);
+    prompt_len and prefill_len are UvaBackedTensors, with the host array `np` the runner writes."""
+    import numpy as np
     import torch
 
     buffer = lambda shape: SimpleNamespace(gpu=torch.zeros(shape, dtype=torch.int32, device=device))  # noqa: E731
+    host = lambda: SimpleNamespace(np=np.zeros(slots, dtype=np.int32), **vars(buffer(slots)))  # noqa: E731
     return SimpleNamespace(device=torch.device(device), max_num_reqs=slots, vocab_size=VOCAB,
-                           all_token_ids=buffer((slots, length)), prompt_len=buffer(slots),
-                           prefill_len=buffer(slots), total_len=buffer(slots))
+                           all_token_ids=buffer((slots, length)), prompt_len=host(),
+                           prefill_len=host(), total_len=buffer(slots))
 
 
 def engine_config(drafts: int = 2):
@@ -135,10 +138,15 @@ class Batch:
         self.state, self.drafts, self.device = processor_state, drafts, device
         self.requests: dict[int, tuple[list[int], list[int]]] = {}  # slot -> (committed tokens, this step's drafts)
 
-    def commit(self, slot: int, prompt: list[int], output: list[int], drafts: list[int]) -> None:
+    def commit(self, slot: int, prompt: list[int], output: list[int], drafts: list[int], added: bool = True) -> None:
+        """The slot's committed tokens and this step's drafts; `added`: the request arrives now (with `output`
+        already, as after preemption), so prompt_len and prefill_len are written as the runner's add_request does."""
         tokens = prompt + output
         self.state.all_token_ids.gpu[slot, :len(tokens)] = self._tensor(tokens)
-        self.state.prompt_len.gpu[slot] = len(prompt)
+        if added:
+            for buffer, value in ((self.state.prompt_len, len(prompt)), (self.state.prefill_len, len(tokens))):
+                buffer.np[slot] = value
+                buffer.gpu[slot] = value
         self.state.total_len.gpu[slot] = len(tokens)
         self.requests[slot] = (tokens, drafts)
 
@@ -267,7 +275,7 @@ def run_steps(drafts: int, steps: list[dict], slots_prompt=(1, 2, 4)):
                 active.pop(slot, None)
                 if scale is not None:
                     active[slot] = scale
-            batch.commit(slot, list(slots_prompt), output, fed)
+            batch.commit(slot, list(slots_prompt), output, fed, added=scale != "keep")
         processor.apply_staged_writes()
         rows, ctx = batch.context(list(range(sum(1 + len(f) for _, _, f in step.values())))[::-1])
         logits = random_logits(len(rows))

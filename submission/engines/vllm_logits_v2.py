@@ -12,8 +12,8 @@ What V2 hands a processor (vllm/v1/worker/gpu/sample/logits_processor/interface.
   and under speculative decoding a request owns one row per draft token (`ctx.expanded_local_pos` 0, 1, ...).
 - Committed tokens are in `req_states.all_token_ids` up to `total_len`. A sticky per-slot flag remembers a committed
   `</think>` after the prompt; each step scans only the tokens committed since the last scan (a window of
-  `8 x (drafts + 1)`, more than one step commits, so it never falls behind), and a slot's first step scans its whole
-  output once (a request resumed after preemption arrives with output already).
+  `8 x (drafts + 1)`, more than one step commits, so it never falls behind), and a slot's first step scans the output
+  it arrived with once (a request resumed after preemption has some; its length is known on the host).
 - This step's draft tokens are only in `ctx.input_ids`: row k of a request sees the drafts fed at its rows 0..k, so
   a `</think>` fed at row j (at a position past the prompt) turns on rows j, j+1, ... of that request, this step only;
   if the draft is accepted the next step finds it committed.
@@ -22,6 +22,16 @@ What V2 hands a processor (vllm/v1/worker/gpu/sample/logits_processor/interface.
 No host sync per step: which slots are active or new is known on the host (numpy, indexed by `ctx.idx_mapping_np`);
 everything that reads tokens stays on the device (no `.item()`, no boolean indexing), and host-to-device copies go
 through pinned memory without blocking.
+
+Per-step cost (issue 31; benchmarks/v2_processor.py): the only vocabulary-wide work is one in-place `div_` of the
+logits by a per-row scale (1 on rows before `</think>`: sync-free code cannot know that no row is past it, so it
+cannot skip the write); the banned ids are written through a `[rows, MAX_BANNED]` index (a gather and a scatter of
+their own values, or -inf past `</think>`). Every temporary of `apply` is `[rows]`, `[rows, MAX_BANNED]` or
+`[requests, scan window]` sized (and `[resumed requests, their output]` at a resumed request's first step), nothing
+`[rows, vocab]` or `[requests, max_model_len]`: vLLM's memory profiling runs its warm-up requests without the kit's
+`extra_args`, so `apply` returns early there and whatever it allocates goes unprofiled (the dense ban table's two
+`[rows, vocab]` boolean temporaries were ~90 MiB at 320 rows of a 152k vocabulary; the first step's whole-row scan of
+64 new requests ~60 MiB at a 114,688-token max_model_len).
 """
 
 from __future__ import annotations
@@ -31,6 +41,9 @@ import torch
 from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor
 
 _NEVER = np.iinfo(np.int64).max  # a local row position no row reaches
+# The most ids a request may ban: the kit bans submission.answer.CHAT_TOKENS, four (this module imports nothing of
+# the kit: vLLM loads it by name in every worker; tests/test_vllm_v2_inputs.py keeps the two in step).
+MAX_BANNED = 4
 
 
 def _scale_of(params) -> float | None:
@@ -48,12 +61,14 @@ class AnswerTemperature(LogitsProcessor):
         self.window = 8 * (drafts + 1)
         # host, per slot: what add_request knows
         self.active = np.zeros(n, dtype=bool)  # this processor acts on the slot's request
-        self.fresh = np.zeros(n, dtype=bool)  # added since its last step: scan its whole output once
+        self.fresh = np.zeros(n, dtype=bool)  # added since its last step: scan the output it arrived with
         self.staged: dict[int, tuple[float, int, list[int]]] = {}  # slot -> (scale, </think> id, banned ids)
         # device, per slot
         self.scale = torch.ones(n, dtype=torch.float32, device=self.device)
         self.think_end = torch.full((n,), -1, dtype=torch.int64, device=self.device)
-        self.banned = torch.zeros((n, self.vocab), dtype=torch.bool, device=self.device)
+        # the banned ids, padded by repeating the last one (a duplicate index writes the same value); `bans`: any
+        self.banned = torch.zeros((n, MAX_BANNED), dtype=torch.int64, device=self.device)
+        self.bans = torch.zeros(n, dtype=torch.bool, device=self.device)
         self.seen = torch.zeros(n, dtype=torch.bool, device=self.device)  # a committed </think> after the prompt
         self.scanned = torch.zeros(n, dtype=torch.int64, device=self.device)  # committed tokens scanned so far
 
@@ -66,8 +81,11 @@ class AnswerTemperature(LogitsProcessor):
             raise ValueError("answer_scale must be positive")
         if not isinstance(extra.get("think_end_id"), int):
             raise ValueError("answer_scale needs think_end_id, the token id of </think>")
-        if not all(isinstance(i, int) for i in extra.get("banned_ids", [])):
+        banned = extra.get("banned_ids", [])
+        if not all(isinstance(i, int) for i in banned):
             raise ValueError("banned_ids must be token ids")
+        if len(set(banned)) > MAX_BANNED:
+            raise ValueError(f"banned_ids holds {len(set(banned))} ids; this processor bans at most {MAX_BANNED}")
 
     def add_request(self, req_idx: int, sampling_params) -> bool:
         scale = _scale_of(sampling_params)
@@ -75,7 +93,7 @@ class AnswerTemperature(LogitsProcessor):
         if scale is None:  # neutral state: scale 1, no </think> id, nothing banned
             self.staged[req_idx] = (1.0, -1, [])
         else:
-            banned = [i for i in extra.get("banned_ids", []) if 0 <= i < self.vocab]
+            banned = sorted({i for i in extra.get("banned_ids", []) if 0 <= i < self.vocab})
             self.staged[req_idx] = (scale, int(extra["think_end_id"]), banned)
         self.active[req_idx] = scale is not None
         self.fresh[req_idx] = True
@@ -91,13 +109,13 @@ class AnswerTemperature(LogitsProcessor):
         if not self.staged:
             return
         slots = sorted(self.staged)
-        banned = np.zeros((len(slots), self.vocab), dtype=bool)
-        for row, slot in enumerate(slots):
-            banned[row, self.staged[slot][2]] = True
+        banned = np.array([(ids + ids[-1:] * MAX_BANNED)[:MAX_BANNED] if ids else [0] * MAX_BANNED
+                           for _, _, ids in map(self.staged.get, slots)], dtype=np.int64)
         index = self._to_device(np.array(slots, dtype=np.int64))
         self.scale[index] = self._to_device(np.array([self.staged[s][0] for s in slots], dtype=np.float32))
         self.think_end[index] = self._to_device(np.array([self.staged[s][1] for s in slots], dtype=np.int64))
         self.banned[index] = self._to_device(banned)
+        self.bans[index] = self._to_device(np.array([bool(self.staged[s][2]) for s in slots]))
         self.seen[index] = False
         self.scanned[index] = 0
         self.staged.clear()
@@ -112,15 +130,24 @@ class AnswerTemperature(LogitsProcessor):
         self.seen[reqs] = self.seen[reqs] | (found & (positions < total[:, None])).any(dim=1)
         self.scanned[reqs] = torch.minimum(start + self.window, total)
 
-    def _scan_whole(self, reqs: torch.Tensor) -> None:
-        """Update `seen` from all the output these slots have committed (their first step only)."""
-        tokens = self.req_states.all_token_ids.gpu[reqs]
-        total = self.req_states.total_len.gpu[reqs].long()
-        prompt = self.req_states.prompt_len.gpu.to(self.device)[reqs].long()
-        columns = torch.arange(tokens.shape[1], device=self.device)[None, :]
-        found = (tokens == self.think_end[reqs, None]) & (columns >= prompt[:, None]) & (columns < total[:, None])
+    def _scan_arrived(self, slots: np.ndarray) -> None:
+        """Update `seen` from the output these slots arrived with, at their first step: only a request resumed after
+        preemption has any, and nothing is committed before a slot's first step. Its length is on the host (the
+        runner writes `prompt_len.np` and `prefill_len.np` in add_request, before the processors' add_request), so
+        a new request costs nothing and a resumed one a [resumed slots, longest output] gather."""
+        prompt = self.req_states.prompt_len.np[slots].astype(np.int64)
+        arrived = self.req_states.prefill_len.np[slots].astype(np.int64) - prompt
+        slots, prompt, arrived = slots[arrived > 0], prompt[arrived > 0], arrived[arrived > 0]
+        if not len(slots):
+            return
+        reqs = self._to_device(slots.astype(np.int64))
+        tokens = self.req_states.all_token_ids.gpu
+        columns = torch.arange(int(arrived.max()), device=self.device)[None, :]
+        positions = (self._to_device(prompt)[:, None] + columns).clamp(max=tokens.shape[1] - 1)
+        found = (tokens[reqs[:, None], positions] == self.think_end[reqs, None]) & (
+            columns < self._to_device(arrived)[:, None])
         self.seen[reqs] = self.seen[reqs] | found.any(dim=1)
-        self.scanned[reqs] = total
+        self.scanned[reqs] = self._to_device(prompt + arrived)
 
     def apply(self, logits: torch.Tensor, ctx) -> torch.Tensor:
         batch = ctx.idx_mapping_np
@@ -128,8 +155,8 @@ class AnswerTemperature(LogitsProcessor):
             return logits
         self._scan_new(ctx.idx_mapping.long())
         fresh = batch[self.fresh[batch]]
-        if len(fresh):  # a slot's first step: its whole output (a resumed request has some), once
-            self._scan_whole(self._to_device(fresh.astype(np.int64)))
+        if len(fresh):  # a slot's first step: the output it arrived with, once
+            self._scan_arrived(fresh)
             self.fresh[fresh] = False
         rows = ctx.expanded_idx_mapping.long()
         local = ctx.expanded_local_pos.long()
@@ -138,6 +165,8 @@ class AnswerTemperature(LogitsProcessor):
         first = torch.full_like(self.scanned, _NEVER)  # per slot: the first local row fed a </think> this step
         first.scatter_reduce_(0, rows, torch.where(fed, local, torch.full_like(local, _NEVER)), "amin")
         after = self.seen[rows] | (local >= first[rows])
-        logits.div_(torch.where(after, self.scale[rows], torch.ones_like(self.scale[rows]))[:, None])
-        logits.masked_fill_(after[:, None] & self.banned[rows], float("-inf"))
+        logits.div_(torch.where(after, self.scale[rows], 1.0)[:, None])
+        banned = self.banned[rows]
+        kept = logits.gather(1, banned)  # written back as it is where nothing is banned
+        logits.scatter_(1, banned, torch.where((after & self.bans[rows])[:, None], float("-inf"), kept))
         return logits
