@@ -97,19 +97,25 @@ dry-run: engine-env
 	    --model $(OUT)/tiny-qwen3 --deadline $(DRY_DEADLINE) --out $(DRY_OUT)/submission.json \
 	    --log $(DRY_OUT)/attempts.jsonl
 
-# The grid line end to end on CPU: a tiny random-weight Qwen3 cut to 16 tokens, two worker processes, 10 ARC-AGI-2
-# evaluation tasks under a 5-minute deadline (README: the grid line). GRID_FORMAT=nvarc gives the cut NVARC's
-# published tokenizer files (tests/nvarc_tokenizer) in place of the kit's and runs it through the nvarc format.
+# The grid line end to end on CPU: a tiny random-weight Qwen3 cut to 16 tokens, a small adapter fine-tuned on it
+# (training.grid_tune: 2 ARC-AGI-2 training tasks, 8 steps) and loaded on it as the run loads one (--adapter), two
+# worker processes, 10 ARC-AGI-2 evaluation tasks under a 5-minute deadline (README: the grid line). GRID_FORMAT=nvarc
+# gives the cut NVARC's published tokenizer files (tests/nvarc_tokenizer) in place of the kit's and runs the tuning
+# and the run through the nvarc format.
 GRID_FORMAT ?= kit16
 grid-dry-run: build-env
-	rm -rf $(OUT)/grid-dry-run
+	rm -rf $(OUT)/grid-dry-run $(OUT)/tiny-grid
 	$(BPY) -m build.tiny --arch qwen3 --out $(OUT)/tiny-qwen3-base
 	$(BPY) -m build.grid_vocab --model $(OUT)/tiny-qwen3-base --out $(OUT)/tiny-grid
 	$(if $(filter nvarc,$(GRID_FORMAT)),rm -f $(OUT)/tiny-grid/tokenizer*.json $(OUT)/tiny-grid/special_tokens_map.json \
 	    && cp tests/nvarc_tokenizer/*.json tests/nvarc_tokenizer/*.j2 $(OUT)/tiny-grid/)
+	$(BPY) -m training.grid_tune --model $(OUT)/tiny-grid --format $(GRID_FORMAT) --dtype float32 \
+	    --tasks $(ARC_DATA)/arc-agi-2/training --max-tasks 2 --steps 8 --checkpoint-every 8 --rank 8 --lr 3e-3 \
+	    --max-len 2048 --out $(OUT)/grid-dry-run/tune
 	$(BPY) -m submission.grid.main --tasks $(ARC_DATA)/arc-agi-2/evaluation --max-tasks 10 --profile grid-tiny \
-	    --format $(GRID_FORMAT) --model $(OUT)/tiny-grid --deadline 300 --out $(OUT)/grid-dry-run/submission.json \
-	    --log $(OUT)/grid-dry-run/attempts.jsonl --solutions $(ARC_DATA)/arc-agi-2/evaluation
+	    --format $(GRID_FORMAT) --model $(OUT)/tiny-grid --adapter $(OUT)/grid-dry-run/tune/adapter --deadline 300 \
+	    --out $(OUT)/grid-dry-run/submission.json --log $(OUT)/grid-dry-run/attempts.jsonl \
+	    --solutions $(ARC_DATA)/arc-agi-2/evaluation
 
 # Both lines in one run on CPU (profiles/both-tiny.toml): the reasoning line's tiny model on the hf engine and one
 # grid-line worker, each in its own environment, one merged answer file (README: both lines in one run).

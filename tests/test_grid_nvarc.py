@@ -232,17 +232,20 @@ def test_a_profile_names_a_known_format(tmp_path):
 
 
 @pytest.mark.usefixtures("one_torch_thread")
-def test_a_tiny_checkpoint_with_nvarcs_tokenizer_solves_a_task(tmp_path, arc_data):
-    """A random-weight tiny Qwen3 with NVARC's tokenizer files: TTT, search and rescoring run through the `nvarc`
-    format and answer every test input with a grid (random weights: which grids is not the point)."""
+@pytest.mark.parametrize("tuned", [False, True], ids=["fresh-lora", "adapter"])
+def test_a_tiny_checkpoint_with_nvarcs_tokenizer_solves_a_task(tmp_path, arc_data, tuned):
+    """A random-weight tiny Qwen3 with NVARC's tokenizer files (make grid-dry-run GRID_FORMAT=nvarc's checkpoint):
+    TTT, search and rescoring run through the `nvarc` format and answer every test input with a grid (random
+    weights: which grids is not the point); with `tuned`, on an adapter training.grid_tune trained through the same
+    format, loaded as it is (--adapter, model.load_adapter), as the dry run does."""
     pytest.importorskip("peft")
     from build.grid_vocab import cut
     from build.tiny import make_checkpoint
     from submission.grid.config import load_grid_profile
-    from submission.grid.model import load_model
+    from submission.grid.model import load_adapter
     from submission.grid.queue import task_cost
     from submission.grid.solve import solve_task
-    from submission.grid.ttt import Adapter
+    from training.grid_tune import main as tune
 
     kit = cut(make_checkpoint(tmp_path / "base", "qwen3", seed=5), tmp_path / "kit")
     folder = tmp_path / "nvarc"
@@ -255,9 +258,16 @@ def test_a_tiny_checkpoint_with_nvarcs_tokenizer_solves_a_task(tmp_path, arc_dat
                       ttt=replace(profile.ttt, sequences=2), rescore=replace(profile.rescore, views=1),
                       search=replace(profile.search, dihedrals=1, colour_perms=2, views_per_batch=2, dfs_batch=2,
                                      batch_s=2.0, max_side=4))
+    if tuned:
+        assert tune(["--model", str(folder), "--format", "nvarc", "--tasks", str(arc_data / "arc-agi-2" / "training"),
+                     "--max-tasks", "1", "--out", str(tmp_path / "tune"), "--steps", "2", "--rank", "4",
+                     "--max-len", "2048"]) == 0
+        profile = replace(profile, model=replace(profile.model, adapter=str(tmp_path / "tune" / "adapter")))
     fmt = read_format(folder, "nvarc")
     task = min(load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks, key=task_cost)
-    adapter = Adapter(load_model(folder, "float32"), profile.ttt)
+    adapter = load_adapter(profile.model, profile.ttt)
+    ranks = {r for m in adapter.model.modules() if hasattr(m, "lora_A") for r in m.r.values()}
+    assert ranks == {4 if tuned else profile.ttt.rank}  # a loaded adapter keeps its own shape
     outcome = solve_task(adapter, task, profile, 2048, 20.0, fmt=fmt)
     assert outcome.ttt_steps == 2 and len(outcome.candidates) == len(task.test_inputs)
     for candidates in outcome.candidates:

@@ -29,7 +29,7 @@ class FakeAdapter:
     def reset(self):
         pass
 
-    def train(self, sequences, deadline, clock):
+    def train(self, sequences, deadline, clock, log=None):
         return TTTReport(0, 0, (), 0.0)
 
 

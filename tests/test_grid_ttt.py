@@ -285,6 +285,18 @@ def test_the_run_refuses_an_adapter_folder_without_its_config_before_any_work(gr
     assert not (tmp_path / "submission.json").exists()
 
 
+def test_a_relative_adapter_on_the_command_line_is_the_working_directorys(grid_model, arc_data, tmp_path, capsys,
+                                                                          monkeypatch):
+    """`--adapter out/tune/adapter` (make grid-dry-run's) is where the user points, not a folder inside the
+    checkpoint: only the profile's relative model.adapter is the bundle's (inside the model folder)."""
+    from submission.grid.main import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["--tasks", str(arc_data / "arc-agi-2" / "evaluation"), "--max-tasks", "1", "--model",
+                 str(grid_model), "--out", str(tmp_path / "submission.json"), "--adapter", "tune/adapter"]) == 2
+    assert f"model.adapter: {tmp_path / 'tune' / 'adapter'}/adapter_config.json is missing" in capsys.readouterr().err
+
+
 @pytest.mark.requires_gpu
 def test_the_activation_estimate_bounds_what_a_gpu_step_keeps():
     """On a GPU (.ci/gpu-checks): a random Qwen3 at the 4B's widths, two layers deep, bf16, a rank-256 LoRA, 2,048

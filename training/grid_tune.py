@@ -1,6 +1,7 @@
 """Continued fine-tuning of the grid model on real labelled tasks, before the run (SPEC section 10).
 
     python -m training.grid_tune --model GRID_DIR --tasks DIR [--tasks DIR ...] [--in-sample-tasks DIR] --out DIR
+                                 [--format kit16|nvarc | --profile GRID_PROFILE]
                                  [--steps N] [--checkpoint-every N] [--session-steps N] [--max-len 8192]
                                  [--rank 256] [--alpha 32] [--lr 5e-5] [--max-tasks N] [--backend peft|unsloth]
                                  [--config FILE.toml] [--corpus DIR --corpus-fraction F --corpus-seed S]
@@ -8,17 +9,23 @@
 
 Every labelled task (the study: ARC-AGI-1 training + evaluation, ARC-AGI-2 training) becomes 16 sequences: 8
 dihedral transforms x 2 permutations of all ten colours, demonstrations shuffled, its test pairs appended as
-demonstrations, cut from the front to fit `--max-len`, the loss on every output grid and its <eos> (the format of
-submission/grid/format.py, the one the solver uses). `--in-sample-tasks` adds a set the same way (the study added
-the public ARC-AGI-2 evaluation tasks): local evaluation on those tasks is then in-sample, and the run says so.
+demonstrations, cut from the front to fit `--max-len`, the loss on every output grid and its end token, in the
+checkpoint's grid format as the solver writes it (submission/grid/format.py): `--format`, else the `model.format` of
+the grid profile `--profile` names, else kit16; its token ids are read from the checkpoint's tokenizer and a
+checkpoint that cannot write it is refused before any work (exit status 2, the token named), as the run refuses it.
+The format is recorded in out/grid_format.json beside the rows, and a resumed run in another format is refused.
+`--in-sample-tasks` adds a set the same way (the study added the public ARC-AGI-2 evaluation tasks): local
+evaluation on those tasks is then in-sample, and the run says so.
 `--corpus` mixes the training tasks of a generated corpus in at `--corpus-fraction` of all tasks (or as the `[corpus]`
 table of `--config` says), as `training.traces` does: training/corpus/mix.py. `--max-tasks` counts the real tasks of
 each folder; the corpus adds its share on top. The rows are made once, into out/rows.jsonl: a resumed run keeps them.
 
 The LoRA has the per-task shape (rank 256, alpha 32, rank-stabilised, q/k/v/o/gate/up/down, embedding and output
 layers in full); AdamW lr 5e-5 without weight decay, 5% warm-up, cosine over the planned steps (`--steps`, default
-one pass), batch 1, clip 1.0. Every `--checkpoint-every` steps the adapter, optimiser and step are saved; a second
-run with the same --out resumes there (`--session-steps` ends a session early, e.g. to fit a time-limited box).
+one pass), batch 1, clip 1.0. The adapter and AdamW's state stay in the model's dtype (`--dtype bfloat16` on a
+GPU, as NVARC trains and the run's TTT does: PEFT's default upcasts them to float32, 1.4x slower on an L4), and the
+adapter it saves loads as it is in the run (`--adapter DIR`). Every `--checkpoint-every` steps the adapter,
+optimiser and step are saved; a second run with the same --out resumes there (`--session-steps` ends a session early, e.g. to fit a time-limited box).
 Progress on stderr, the loss curve as loss.png. `--merge` folds the adapter into the model (the grid model's rows
 are never patched: its <eos> must stay live). `--backend unsloth` builds the same LoRA through unsloth (its kernels;
 the fast path on a GPU) in its own environment (`make unsloth-env`: it pins older transformers and trl); the adapter
@@ -34,7 +41,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from submission.grid.format import encode
+from submission.config import ProfileError
+from submission.grid.config import ModelConfig, load_grid_profile
+from submission.grid.format import KIT16, LAYOUTS, FormatError, GridFormat, encode, read_format
 from submission.tasks import Pair, Task, load_tasks
 from submission.views import View, colour_permutation
 from training.corpus import mix
@@ -45,7 +54,8 @@ from training.rft import loss_curve, resolve_device, schedule
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def task_rows(task: Task, max_len: int, seed: int = 0, dihedrals: int = 8, colour_perms: int = 2) -> list[Row]:
+def task_rows(task: Task, max_len: int, seed: int = 0, dihedrals: int = 8, colour_perms: int = 2,
+              fmt: GridFormat = KIT16) -> list[Row]:
     """The task's sequences, its test pairs appended as demonstrations (labels required). Pure."""
     if task.test_outputs is None:
         raise ValueError(f"task {task.id}: test outputs missing (continued fine-tuning needs labelled tasks)")
@@ -57,7 +67,7 @@ def task_rows(task: Task, max_len: int, seed: int = 0, dihedrals: int = 8, colou
         order = list(range(len(labelled.train)))
         rng.shuffle(order)
         view = View(index % dihedrals, colour_permutation(rng, keep_zero=False), tuple(order))
-        encoded = encode(view.apply(labelled).train, max_len=max_len)
+        encoded = encode(view.apply(labelled).train, max_len=max_len, fmt=fmt)
         if encoded.shown:
             labels = [t if m else IGNORE for t, m in zip(encoded.ids, encoded.output_mask)]
             rows.append(Row(task.id, index, list(encoded.ids), labels))
@@ -65,7 +75,7 @@ def task_rows(task: Task, max_len: int, seed: int = 0, dihedrals: int = 8, colou
 
 
 def build_rows(folders: list[Path], in_sample: list[Path], max_len: int, max_tasks: int | None,
-               corpus: CorpusMix = CorpusMix()) -> list[Row]:
+               corpus: CorpusMix = CorpusMix(), fmt: GridFormat = KIT16) -> list[Row]:
     """Rows of the folders' first `max_tasks` tasks each, the corpus mixed in at its fraction of all of them."""
     tasks = []
     for folder in folders + in_sample:
@@ -73,7 +83,26 @@ def build_rows(folders: list[Path], in_sample: list[Path], max_len: int, max_tas
         if folder in in_sample:
             print(f"warning: {folder} is trained on with its test pairs: evaluating on it afterwards is in-sample",
                   file=sys.stderr)
-    return [row for task in mix.apply(tasks, corpus) for row in task_rows(task, max_len)]
+    return [row for task in mix.apply(tasks, corpus) for row in task_rows(task, max_len, fmt=fmt)]
+
+
+def grid_format(args: argparse.Namespace) -> GridFormat:
+    """The format to train in (`--format`, else `--profile`'s model.format, else kit16) with the checkpoint's ids;
+    FormatError (or ProfileError) before anything is written or loaded."""
+    name = args.format or (load_grid_profile(args.profile).model.format if args.profile else ModelConfig().format)
+    return read_format(args.model, name)
+
+
+def check_rows_format(out: Path, fmt: GridFormat) -> None:
+    """Rows made in one format are not trained on in another: a resumed run keeps its rows, so one in another format
+    than out/grid_format.json records (kit16 for rows made before the record existed) is refused naming the file."""
+    record = out / "grid_format.json"
+    if not (out / "rows.jsonl").exists():
+        return
+    made = json.loads(record.read_text()).get("format") if record.exists() else KIT16.name
+    if made != fmt.name:
+        raise FormatError(f"{record}: field 'format' is {made!r}, this run's is {fmt.name!r}: its rows and "
+                          f"checkpoint are in the other format (another --out starts afresh)")
 
 
 def _unsloth_model(args: argparse.Namespace, device: str):
@@ -92,7 +121,7 @@ def _unsloth_model(args: argparse.Namespace, device: str):
     return model
 
 
-def train(args: argparse.Namespace) -> list[float]:
+def train(args: argparse.Namespace, fmt: GridFormat = KIT16) -> list[float]:
     corpus = mix.resolve(args)  # a bad [corpus] table or option fails before torch loads
     if args.backend == "unsloth":
         import unsloth  # noqa: F401 - unsloth patches transformers and must come first
@@ -105,7 +134,8 @@ def train(args: argparse.Namespace) -> list[float]:
     out.mkdir(parents=True, exist_ok=True)
     rows_path = out / "rows.jsonl"
     if not rows_path.exists():
-        write_rows(build_rows(args.tasks, args.in_sample_tasks, args.max_len, args.max_tasks, corpus), rows_path)
+        write_rows(build_rows(args.tasks, args.in_sample_tasks, args.max_len, args.max_tasks, corpus, fmt), rows_path)
+        (out / "grid_format.json").write_text(json.dumps({"format": fmt.name}) + "\n")
     rows = read_rows(rows_path)
     if not rows:
         raise ValueError(f"{rows_path}: no rows")
@@ -114,7 +144,7 @@ def train(args: argparse.Namespace) -> list[float]:
     model = _unsloth_model(args, device) if args.backend == "unsloth" else load_model(args.model, args.dtype, device)
     checkpoint = out / "checkpoint"
     if (checkpoint / "state.pt").exists():
-        model = PeftModel.from_pretrained(model, checkpoint, is_trainable=True)
+        model = PeftModel.from_pretrained(model, checkpoint, is_trainable=True, autocast_adapter_dtype=False)
     elif args.backend == "unsloth":
         from unsloth import FastLanguageModel
 
@@ -125,7 +155,8 @@ def train(args: argparse.Namespace) -> list[float]:
     else:
         model = get_peft_model(model, LoraConfig(r=args.rank, lora_alpha=args.alpha, use_rslora=True,
                                                  lora_dropout=0.0, target_modules=list(TARGETS),
-                                                 modules_to_save=["embed_tokens", "lm_head"], task_type="CAUSAL_LM"))
+                                                 modules_to_save=["embed_tokens", "lm_head"], task_type="CAUSAL_LM"),
+                              autocast_adapter_dtype=False)
     params = [p for p in model.parameters() if p.requires_grad]
     optimiser = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     total = args.steps or len(rows)
@@ -172,7 +203,8 @@ def merge(model_dir: Path, out: Path) -> Path:
     target = out / "merged"
     shutil.rmtree(target, ignore_errors=True)
     merged.to(dtype).save_pretrained(target)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "grid_vocab.json"):
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                 "vocab.json", "chat_template.j2", "grid_vocab.json"):  # the kit's cut's files and NVARC's
         if (model_dir / name).exists():
             shutil.copy(model_dir / name, target / name)
     return target
@@ -185,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-sample-tasks", action="append", type=Path, default=[],
                         help="a labelled set whose later evaluation becomes in-sample (e.g. ARC-AGI-2 evaluation)")
     parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--format", choices=sorted(LAYOUTS),
+                        help="the checkpoint's grid format (default: --profile's model.format, else kit16)")
+    parser.add_argument("--profile", help="grid profile (name or TOML path) whose model.format is the default")
     parser.add_argument("--steps", type=int, default=0, help="planned steps (0: one pass over the rows)")
     parser.add_argument("--checkpoint-every", type=int, default=2000)
     parser.add_argument("--session-steps", type=int, default=0, help="stop this session after N steps (resumable)")
@@ -205,7 +240,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.tasks and not args.in_sample_tasks:
         parser.error("--tasks: at least one labelled task folder")
-    losses = train(args)
+    try:  # the checkpoint must write the format: refused here, before any row is made or weight loaded
+        fmt = grid_format(args)
+        check_rows_format(args.out, fmt)
+    except (FormatError, ProfileError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    losses = train(args, fmt)
     print(f"{len(losses)} steps; loss {losses[0]:.4f} -> {losses[-1]:.4f}; {args.out / 'loss.png'}")
     return 0
 

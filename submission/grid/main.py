@@ -41,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="grid checkpoint folder (build.grid_vocab's output)")
     p.add_argument("--format", choices=sorted(LAYOUTS), help="the checkpoint's grid format (overrides model.format)")
     p.add_argument("--adapter", help="a PEFT adapter folder loaded on the model per worker (training.grid_tune's "
-                   "out/adapter); each task's training starts from its weights")
+                   "out/adapter; relative to the working directory); each task's training starts from its weights")
     p.add_argument("--merge", action="store_true",
                    help="merge --adapter into the model instead (a fresh LoRA per task)")
     p.add_argument("--deadline", type=float, help="time limit in seconds from now")
@@ -67,8 +67,10 @@ def run(args: argparse.Namespace) -> int:
             profile = replace(profile, model=replace(profile.model, path=str(args.model)))
         if getattr(args, "format", None):
             profile = replace(profile, model=replace(profile.model, format=args.format))
+        # --adapter's relative path is the working directory's; the profile's relative model.adapter lies inside
+        # the checkpoint (how a bundle carries one)
         if getattr(args, "adapter", None):
-            profile = replace(profile, model=replace(profile.model, adapter=str(args.adapter)))
+            profile = replace(profile, model=replace(profile.model, adapter=str(Path(args.adapter).resolve())))
         if getattr(args, "merge", False):
             profile = replace(profile, model=replace(profile.model, merge=True))
         if args.deadline and getattr(args, "scale_schedule", False):

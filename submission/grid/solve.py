@@ -53,6 +53,9 @@ class TaskOutcome:
     ttt_losses: tuple[float, ...]
     search_steps: int  # model steps the search ran (after the prompts)
     complete: bool  # every search and rescoring finished within the limit
+    ttt_checkpointing: bool = False  # the training's (TTTReport's): checkpointing on at its end
+    ttt_oom_retries: int = 0
+    ttt_skipped: int = 0  # steps whose sequence did not fit even with checkpointing
 
 
 def search_order(inputs: int, views: int, per_batch: int) -> list[tuple[int, int]]:
@@ -91,7 +94,8 @@ def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int,
     seed, config = profile.rescore.seed, profile.search
     sequences = training_sequences(task, profile.ttt, max_len, seed, fmt)
     adapter.reset()
-    report = adapter.train(sequences, profile.ttt.share * time_limit, clock)
+    report = adapter.train(sequences, profile.ttt.share * time_limit, clock,
+                           log=lambda line: log(f"task {task.id}: {line}"))  # a worker's lines name their task
     model = adapter.model
     stepper = HFStepper(model, profile.run.answer_room)
     prompt_len = max_len - profile.run.answer_room
@@ -182,4 +186,4 @@ def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int,
         stage["rescore"] += clock() - t2
         out.append(rescored.candidates)
     return TaskOutcome(task.id, tuple(out), dict(stage), report.steps, report.planned, report.losses, steps,
-                       complete)
+                       complete, report.checkpointing, report.oom_retries, report.skipped)

@@ -181,7 +181,7 @@ class Adapter:
         device = next(self.model.parameters()).device
         return self._torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else math.inf
 
-    def _backward(self, encoded: Encoded):
+    def _backward(self, encoded: Encoded, log: Callable[[str], None]):
         """One forward and backward pass: (loss, out-of-memory retries), loss None when skipped. On a CUDA
         out-of-memory error the gradients are cleared and the pass retried with checkpointing on; one that fails
         with checkpointing on as well is skipped (its gradients cleared), so the planned schedule still runs out."""
@@ -202,43 +202,46 @@ class Adapter:
                     torch.cuda.empty_cache()
                 retries += 1
                 if self.checkpointing:
-                    self.log(f"ttt: out of memory on a {len(encoded.ids)}-token sequence with checkpointing on: "
-                             f"gradients cleared, the sequence skipped")
+                    log(f"ttt: out of memory on a {len(encoded.ids)}-token sequence with checkpointing on: "
+                        f"gradients cleared, the sequence skipped")
                     return None, retries
-                self.log(f"ttt: out of memory on a {len(encoded.ids)}-token sequence: gradients cleared, "
-                         f"checkpointing on, the step retried")
+                log(f"ttt: out of memory on a {len(encoded.ids)}-token sequence: gradients cleared, "
+                    f"checkpointing on, the step retried")
                 self.set_checkpointing(True)
 
     def train(self, sequences: list[Encoded], budget_s: float = math.inf,
-              clock: Callable[[], float] = time.monotonic, free_bytes: float | None = None) -> TTTReport:
-        """Adapt to one task within `budget_s` seconds: the steps that fit are decided first and all of them run."""
+              clock: Callable[[], float] = time.monotonic, free_bytes: float | None = None,
+              log: Callable[[str], None] | None = None) -> TTTReport:
+        """Adapt to one task within `budget_s` seconds: the steps that fit are decided first and all of them run.
+        `log`: where this task's lines go (solve_task's, which names the task); default the adapter's."""
         torch = self._torch
         from transformers import get_cosine_schedule_with_warmup
 
+        log = log or self.log
         start = clock()
         longest = max(sequences, key=lambda e: len(e.ids))
         on, why = use_checkpointing(self.config.checkpointing, len(longest.ids), self.per_token_bytes(),
                                     self.free_bytes() if free_bytes is None else free_bytes, self.config.memory_share)
-        self.log(f"ttt: {why}")
+        log(f"ttt: {why}")
         self.set_checkpointing(on)
         self.model.train()
         retries = 0
         planned = len(sequences)
         if not math.isinf(budget_s):  # the probe: one timed pass of the longest sequence, its gradients dropped
-            _, retried = self._backward(longest)
+            _, retried = self._backward(longest, log)
             retries += retried
             self.model.zero_grad(set_to_none=True)
             probe_s = clock() - start
             planned = plan_steps([len(e.ids) for e in sequences], budget_s, probe_s, len(longest.ids))
-            self.log(f"ttt: probe {probe_s:.2f} s for {len(longest.ids)} tokens: {planned} of {len(sequences)} "
-                     f"steps fit {budget_s:.0f} s")
+            log(f"ttt: probe {probe_s:.2f} s for {len(longest.ids)} tokens: {planned} of {len(sequences)} "
+                f"steps fit {budget_s:.0f} s")
         params = [p for p in self.model.parameters() if p.requires_grad]
         optimiser = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=0.0)
         schedule = get_cosine_schedule_with_warmup(optimiser, math.ceil(self.config.warmup * planned), planned)
         losses, lrs = [], []
         skipped = 0
         for encoded in sequences[:planned]:
-            loss, retried = self._backward(encoded)
+            loss, retried = self._backward(encoded, log)
             retries += retried
             lrs.append(schedule.get_last_lr()[0])
             if loss is None:

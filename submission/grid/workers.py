@@ -132,12 +132,15 @@ def receive(reports: dict[Connection, int], timeout: float) -> list[tuple]:
 def records(outcome: TaskOutcome, worker: int, limit: float, started_s: float, finished_s: float,
             seed: int) -> list[AttemptRecord]:
     """The log lines of one finished task: per test input, attempts 1 and 2; attempt 1 carries every candidate
-    with its hits, NLL and score, the seconds by stage and the training and search counts."""
+    with its hits, NLL and score, the seconds by stage and the training's report (steps planned and run, the
+    checkpointing decision, out-of-memory retries, skipped steps, first and last loss) and the search's steps."""
     out = []
     for index, candidates in enumerate(outcome.candidates):
         first, second = choose(candidates)
         detail = {"worker": worker, "time_limit_s": limit, "stage_s": outcome.stage_s,
                   "ttt_steps": outcome.ttt_steps, "ttt_planned": outcome.ttt_planned,
+                  "ttt_checkpointing": outcome.ttt_checkpointing, "ttt_oom_retries": outcome.ttt_oom_retries,
+                  "ttt_skipped": outcome.ttt_skipped,
                   "ttt_loss": [outcome.ttt_losses[0], outcome.ttt_losses[-1]] if outcome.ttt_losses else [],
                   "search_steps": outcome.search_steps, "complete": outcome.complete,
                   "candidates": [c.to_json() for c in candidates]}
