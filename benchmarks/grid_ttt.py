@@ -65,7 +65,8 @@ def grid_checkpoint(root: Path, width: str = "tiny", layers: int = 2, seed: int 
     from build.grid_vocab import cut
     from build.tiny import make_checkpoint
 
-    widths = {**WIDTHS[width], "num_hidden_layers": layers}
+    # the config's per-layer list follows the count (transformers validates it on save)
+    widths = {**WIDTHS[width], "num_hidden_layers": layers, "layer_types": ["full_attention"] * layers}
     return cut(make_checkpoint(root / "base", "qwen3", seed=seed, widths=widths), root / "grid")
 
 

@@ -53,3 +53,14 @@ def test_the_ttt_benchmark_reports_both_variants(capsys, arc_data):
     assert kit["step_s"] > 0 and naive["step_s"] > 0 and kit["peak_mib"] > 0 and naive["peak_mib"] > 0
     assert abs(kit["loss_first"] - naive["loss_first"]) < 1e-2
     assert "kit against naive: step time" in out and "kit / naive TTT step, time (median)" in out
+
+
+def test_the_benchmarks_grid_model_has_the_layers_asked_for(tmp_path):
+    """--layers other than build.tiny's 2 (the GPU check runs 4 at Qwen3-4B's widths): the config's per-layer list
+    follows the count, which transformers checks when the checkpoint is saved."""
+    pytest.importorskip("torch")
+    from grid_ttt import grid_checkpoint
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(grid_checkpoint(tmp_path, "tiny", 3))
+    assert config.num_hidden_layers == len(config.layer_types) == 3 and config.vocab_size == 16
