@@ -2,7 +2,8 @@
 the same sequences and the same number of steps: step time and peak memory.
 
     python benchmarks/grid_ttt.py [--profile grid-tiny] [--device cpu] [--steps N] [--repeats 5]
-    python benchmarks/grid_ttt.py --profile grid-4b-4xL4 --device cuda --width 4b --layers 8 --task ID   # GPU
+    python benchmarks/grid_ttt.py --profile grid-4b-4xL4 --device cuda --width 4b --layers 4 --task b5ca7ac4 \
+        --steps 16 --max-len 8192   # the GPU check (.ci/gpu-checks)
 
 Variants, each in a fresh process every round (so that each has its own peak memory), the order reversed
 every other round, `--repeats` rounds:
@@ -18,7 +19,7 @@ every other round, `--repeats` rounds:
 The LoRA shape, learning rate and dtype are the profile's (`--profile`; `--dtype` overrides); the model is
 build.tiny's Qwen3 cut by build.grid_vocab at its tiny widths, or at Qwen3-4B's (`--width 4b`: hidden 2,560, MLP
 9,728, 32 query and 8 key-value heads of 128) with `--layers` layers; the task is ARC-AGI-2 evaluation's shortest
-(`--task` another), its sequences training.sequences' first `--steps` (default the profile's ttt.sequences).
+(`--task` another), its sequences `training_sequences`' first `--steps` (default the profile's ttt.sequences).
 A step's time is a variant's training time over its steps, its set-up (wrapping, the optimiser) included; before
 it, one untimed forward and backward pass of the base pays the device's first-call costs for both.
 Peak memory is what training adds to the loaded base: on a GPU `torch.cuda.max_memory_allocated` less what was
