@@ -64,7 +64,8 @@ test: engine-env build-env unsloth-env vllm-gpu-wheel
 	    tests/test_rft.py tests/test_fused_groups.py tests/test_layerwise.py tests/test_build_scale.py \
 	    tests/test_kaggle_upload.py tests/test_kaggle_rehearsal.py
 	$(BPY) -m pytest -q tests/test_grid_ttt.py tests/test_grid_oom.py tests/test_grid_workers.py tests/test_grid_nvarc.py \
-	    tests/test_grid_tune.py tests/test_grid_resume.py tests/test_grid_both.py tests/test_corpus_mix.py
+	    tests/test_grid_tune.py tests/test_grid_resume.py tests/test_grid_both.py tests/test_corpus_mix.py \
+	    tests/test_benchmarks.py
 	$(UPY) -m pytest -q tests/test_rft.py tests/test_grid_tune.py tests/test_grid_ttt.py -k unsloth
 
 # The Kaggle rehearsal (tests/test_kaggle_rehearsal.py, also in make test): the CPU bundle uploaded by the real Kaggle
@@ -252,6 +253,7 @@ bench: env build-env engine-env
 	$(BPY) benchmarks/quantize_throughput.py || echo quantize_throughput >> $(MISSED)
 	$(BPY) benchmarks/grid_throughput.py || echo grid_throughput >> $(MISSED)
 	$(BPY) benchmarks/grid_search.py || echo grid_search >> $(MISSED)
+	$(BPY) benchmarks/grid_ttt.py || echo grid_ttt >> $(MISSED)
 	$(BPY) benchmarks/build_scale.py || echo build_scale >> $(MISSED)
 	$(PY) benchmarks/corpus_admission.py || echo corpus_admission >> $(MISSED)
 	$(EPY) benchmarks/v2_processor.py || echo v2_processor >> $(MISSED)

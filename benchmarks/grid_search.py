@@ -3,10 +3,12 @@ search on transformers' DynamicCache (a torch.cat of the whole cache per token),
 `generate` per view, the prompt prefilled again for each, on one tiny grid model, one thread.
 
     python benchmarks/grid_search.py [--confidence 7] [--cutoff 0.2] [--repeats 3]
+    python benchmarks/grid_search.py --device cuda --dtype bfloat16 --width 4b --layers 8   # GPU (.ci/gpu-checks)
 
 Workload: the ARC-AGI-2 evaluation task with the shortest encoding (e8686506, an 8 x 5 answer), its first test
 input under the study's 16 search views (8 dihedral x 2 colour permutations), searched one view after the other as
-solve_task searches them, on build.tiny's Qwen3 cut by build.grid_vocab. A random tiny model finds no answer (nor
+solve_task searches them, on build.tiny's Qwen3 cut by build.grid_vocab (or at Qwen3-4B's widths, `--width 4b`, with `--layers` layers:
+benchmarks/grid_ttt.py's `grid_checkpoint`). A random tiny model finds no answer (nor
 does one after a few hundred TTT steps: too small to learn the task), while a trained model finds the same answer in
 most views, which is what seeding exploits. So the model stands in for a trained one (`Confident`): its
 log-probabilities plus `--confidence` nats on the labelled answer's next token while the path follows the label (in
@@ -22,7 +24,9 @@ Variants, all in every round, the order reversed every other round, `--repeats` 
 The three searches must find the same answers with the same log-probabilities in every view. Tokens per second
 are the search tree's tokens (the same tree for all three, `plain`'s model steps) over the wall time, prompts
 included; `generate` decodes the same number of tokens per view. Targets: seeded faster than plain (median ratio
-of the rounds >= 1), and the seeded search's tokens per second at least generate's.
+of the rounds >= 1), and the seeded search's tokens per second at least generate's. In bfloat16 the
+log-probabilities may differ by float rounding between the variants (a guess prefilled in one call, a cache read
+from a buffer): they must agree within `LOGP_TOLERANCE` of the dtype.
 """
 
 from __future__ import annotations
@@ -44,8 +48,6 @@ import torch  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
 import submission.grid.model as grid_model  # noqa: E402
-from build.grid_vocab import cut  # noqa: E402
-from build.tiny import make_checkpoint  # noqa: E402
 from submission.grid.dfs import search  # noqa: E402
 from submission.grid.format import EOS, PAD, decode_grid, encode, grid_ids  # noqa: E402
 from submission.grid.queue import task_cost  # noqa: E402
@@ -54,9 +56,11 @@ from submission.grid.solve import best_answer  # noqa: E402
 from submission.tasks import load_tasks  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grid_ttt import WIDTHS, grid_checkpoint  # noqa: E402
 from targets import Targets, spread  # noqa: E402
 
 ARC = Path(os.environ.get("ARC_DATA", Path(__file__).resolve().parents[2] / "shared" / "arc-data"))
+LOGP_TOLERANCE = {"float32": 1e-4, "bfloat16": 0.05, "float16": 0.05}  # nats, between the searches' answers
 
 
 class Confident:
@@ -121,7 +125,8 @@ def on_dynamic_cache(run):
 @torch.no_grad()
 def generate_per_view(model, prompts, tokens: list[int]) -> int:
     for prompt, n in zip(prompts, tokens):
-        model.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones((1, len(prompt)), dtype=torch.long),
+        model.generate(input_ids=torch.tensor([prompt], device=model.device),
+                       attention_mask=torch.ones((1, len(prompt)), dtype=torch.long, device=model.device),
                        max_new_tokens=max(n, 1), min_new_tokens=max(n, 1), do_sample=False, pad_token_id=PAD)
     return sum(max(n, 1) for n in tokens)
 
@@ -131,17 +136,22 @@ def main() -> int:
     parser.add_argument("--confidence", type=float, default=7.0, help="nats added to the label's next token")
     parser.add_argument("--cutoff", type=float, default=0.2)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=sorted(LOGP_TOLERANCE))
+    parser.add_argument("--width", default="tiny", choices=sorted(WIDTHS))
+    parser.add_argument("--layers", type=int, default=2)
     args = parser.parse_args()
     targets = Targets()
     torch.set_num_threads(1)
     root = Path(tempfile.mkdtemp(prefix="grid-search-bench-"))
     task = min(load_tasks(ARC / "arc-agi-2" / "evaluation").tasks, key=task_cost)
-    model = grid_model.load_model(cut(make_checkpoint(root / "base", "qwen3", seed=3), root / "grid"), "float32")
+    model = grid_model.load_model(grid_checkpoint(root, args.width, args.layers), args.dtype, args.device)
     views = search_views(task, 8, 2, seed=0)
     prompts = [encode(shown.train, shown.test_inputs[0], max_len=4096).ids for shown in (v.apply(task) for v in views)]
     label = task.test_outputs[0]
     print(f"task {task.id}: {len(views)} views, prompts {min(map(len, prompts))}-{max(map(len, prompts))} tokens, "
-          f"answer {len(label)} x {len(label[0])}; confidence {args.confidence} nats")
+          f"answer {len(label)} x {len(label[0])}; confidence {args.confidence} nats; {args.dtype} on {args.device}, "
+          f"width {args.width}, {args.layers} layers")
 
     def searches(seeded: bool):
         return lambda: search_views_in_turn(model, views, prompts, label, args.confidence, args.cutoff, seeded)
@@ -163,7 +173,8 @@ def main() -> int:
             calls[name] = sum(r.steps for r in results)
             for one, other in zip(reference, results):
                 assert [f.tokens for f in other.found] == [f.tokens for f in one.found], f"{name}: other answers"
-                assert all(abs(a.logp - b.logp) < 1e-4 for a, b in zip(one.found, other.found)), name
+                assert all(abs(a.logp - b.logp) < LOGP_TOLERANCE[args.dtype]
+                           for a, b in zip(one.found, other.found)), name
                 assert other.complete
     answers = sum(len(r.found) for r in reference)
     print(f"search tree: {sum(tree)} tokens over {len(views)} views, {answers} answers (cut-off {args.cutoff}); "
