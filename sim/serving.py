@@ -16,14 +16,15 @@ num_lookahead_tokens reserves k more slots for the drafter; 0 without drafts): b
 reserved for its cap. Every step, the running requests take their blocks first, oldest first; when one cannot, the
 most recently admitted running request is preempted (recompute): its blocks are freed and it goes back to the front of
 the waiting queue keeping its generated tokens, which it re-prefills (P + g tokens) when it is admitted again.
-Waiting requests are admitted in order while fewer than `max_num_seqs` run and their first chunk's blocks (its chunk
-plus k look-ahead tokens) fit with `watermark` x the cache left free (vLLM's scheduler watermark, 0 by default; not
-applied when nothing else runs); not in a step that preempted.
+Waiting requests are admitted in order while fewer than `max_num_seqs` run and the blocks of their whole context
+(vLLM's scheduler_reserve_full_isl, on by default; `reserve_full_isl = false`: of their first chunk only) and of their
+first chunk plus k look-ahead tokens are free, with `watermark` x the cache left free (vLLM's scheduler watermark, 0
+by default; not applied when nothing else runs); not in a step that preempted.
 Chunked prefill: with `max_num_batched_tokens` B (0: no budget), a step schedules at most B tokens: each decoding
 request's 1 + k first (B must exceed max_num_seqs x (1 + k)), then the request being prefilled, then admissions, each
-up to what is left. A request whose context does not fit is admitted with a first chunk and prefilled over the next
-steps while the decodes go on (it makes no token until its last chunk); it holds blocks for what it has prefilled,
-and, being the newest, it is the first preempted. Not modelled: prefix caching (the shipped profiles run without it),
+up to what is left. A request whose context does not fit the budget is admitted with a first chunk and prefilled over
+the next steps while the decodes go on (it makes no token until its last chunk); it holds blocks only for what it has
+prefilled (plus k), so the decodes may take the rest, and, being the newest, it is the first preempted. Not modelled: prefix caching (the shipped profiles run without it),
 vLLM's asynchronous scheduling (a request then holds one step more: 1 + k tokens), drafts rejected (a step gives one
 token per request; the step model's rate holds the acceptance), `long_prefill_token_threshold` (off by default).
 
@@ -59,6 +60,9 @@ class ServingModel:
     # takes it from the profile's engine.max_num_batched_tokens (sim.scenario.for_profile).
     max_num_batched_tokens: int = 0
     draft_tokens: int = 0  # speculative draft tokens per step (the profile's engine.mtp_speculative_tokens)
+    # vLLM's scheduler_reserve_full_isl (on by default in 0.32 and 0.33): a waiting request is admitted only when the
+    # blocks of its whole context are free, though it takes only its first chunk's; off: its first chunk's suffice.
+    reserve_full_isl: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.kv_tokens < self.block_size or self.max_num_seqs < 1:
@@ -277,10 +281,11 @@ class SharedEngine:
             prefill = job.prompt + job.generated
             chunk = min(prefill, budget)
             need = self._blocks(chunk + self._ahead)
+            free = max(need, self._blocks(prefill)) if self.model.reserve_full_isl else need  # must be free
             limit = self._total - (keep if self.running or self.filling else 0)  # none for a lone request
-            if used is None and self._used_bound() + offset + need > limit:
+            if used is None and self._used_bound() + offset + free > limit:
                 used = self._used() + offset
-            if used is not None and used + need > limit:
+            if used is not None and used + free > limit:
                 break
             self.waiting.pop(0)
             if used is not None:

@@ -12,10 +12,10 @@ from sim.serving import Job, ServingModel, SharedEngine
 
 
 def steps_model(kv_tokens: int, max_num_seqs: int, block_size: int = 16, watermark: float = 0.0,
-                max_num_batched_tokens: int = 0, draft_tokens: int = 0) -> ServingModel:
+                max_num_batched_tokens: int = 0, draft_tokens: int = 0, reserve_full_isl: bool = True) -> ServingModel:
     """One second per step, nothing else: simulated time counts engine steps."""
     return ServingModel(1.0, 0.0, 0.0, 0.0, 0.0, kv_tokens, max_num_seqs, block_size, watermark,
-                        max_num_batched_tokens, draft_tokens)
+                        max_num_batched_tokens, draft_tokens, reserve_full_isl)
 
 
 def run_events(model: ServingModel, jobs: list[tuple[int, int]]) -> tuple[dict[int, float], SharedEngine]:
@@ -38,7 +38,8 @@ def run_steps(model: ServingModel, jobs: list[tuple[int, int]]) -> tuple[dict[in
     look-ahead slots: a decode's new tokens are its next one and k drafts, a request being prefilled gets its next
     chunk, up to the budget left), preempting the newest when short (itself last); a step that preempted admits
     nothing; else waiting requests are admitted in order while budget is left and the blocks of their first chunk
-    (plus k) fit above the watermark (none for a request admitted when nothing else runs). A request makes its first
+    (plus k) and, with reserve_full_isl, of their whole context are free above the watermark (none for a request
+    admitted when nothing else runs). A request makes its first
     token in the step of its last chunk; every later step gives it one (drafts all rejected)."""
     size, blocks, k = model.block_size, model.blocks, model.draft_tokens
     keep = int(model.watermark * blocks)
@@ -76,7 +77,8 @@ def run_steps(model: ServingModel, jobs: list[tuple[int, int]]) -> tuple[dict[in
                 job = waiting[0]
                 new = min(job["prompt"] + job["generated"], budget)
                 target = blocks_for(new + k)
-                if sum(j["held"] for j in running) + target > blocks - (keep if running else 0):
+                whole = blocks_for(job["prompt"] + job["generated"]) if model.reserve_full_isl else 0
+                if sum(j["held"] for j in running) + max(target, whole) > blocks - (keep if running else 0):
                     break
                 running.append(waiting.pop(0))
                 job["held"] = target
@@ -124,7 +126,7 @@ def test_chunked_prefill_and_drafts_follow_the_step_by_step_rules(seed):
     largest = max(p + t for p, t in jobs) + 2 * drafts
     budget = rng.choice([seqs * (1 + drafts) + 1, seqs * (1 + drafts) + rng.randint(2, 64), 0])
     model = steps_model(rng.randint(largest, 3 * largest) // size * size + size, seqs, size,
-                        rng.choice([0.0, 0.0, 0.05]), budget, drafts)
+                        rng.choice([0.0, 0.0, 0.05]), budget, drafts, rng.choice([True, False]))
     events, engine = run_events(model, jobs)
     steps, preemptions = run_steps(model, jobs)
     assert events == {i: float(s) for i, s in steps.items()}
@@ -152,6 +154,20 @@ def test_a_long_context_is_admitted_on_its_first_chunk():
     now, done = engine.advance(0.0, math.inf)
     assert engine.prefilled >= 4 + 100 and [j.key for j in done] == [(1,)]
     assert now == 1 + 5  # step 1: request 0's prompt and request 1's first 20 tokens; 23 a step after; 2 tokens
+
+
+def test_admission_waits_for_the_whole_context_unless_told_otherwise():
+    """vLLM's default (scheduler_reserve_full_isl) admits a request only when its whole context's blocks are free;
+    off, its first chunk's suffice. 16 blocks of 4 tokens, a 36-token request running: a 40-token prompt waits for
+    it by default, and is admitted at once on its first chunk without the gate."""
+    for gate, started in ((True, math.nan), (False, 1.0)):  # step 2 (from 1 s): the first prefill's last 12 tokens
+        engine = SharedEngine(steps_model(64, 4, 4, max_num_batched_tokens=20, reserve_full_isl=gate))
+        first, second = Job((0,), 32, 4), Job((1,), 40, 4)
+        engine.submit(first, 0.0)
+        engine.submit(second, 0.0)
+        now, done = engine.advance(0.0, math.inf)
+        assert done == [first] and now == 5.0  # 2 prefill steps (the second makes a token), 3 more tokens
+        assert math.isnan(second.started) if gate else second.started == started
 
 
 def test_the_budget_must_leave_room_for_prefill():
