@@ -246,9 +246,9 @@ class SharedEngine:
     def _blocks(self, tokens: int) -> int:
         return -(-tokens // self._size)
 
-    def _used(self) -> int:
-        """Blocks the running requests need for their next step."""
-        size, steps = self._size, self._steps + self._lookahead
+    def _used(self, later: int = 0) -> int:
+        """Blocks the running requests need for their next step (or for the step `later` steps after it)."""
+        size, steps = self._size, self._steps + self._lookahead + later
         return sum([(j.prompt + steps - j.base + size - 1) // size for j in self.running])
 
     def _used_bound(self, steps: int = 0) -> float:
@@ -336,6 +336,37 @@ class SharedEngine:
             self._preempt()
         self._admit(budget, offset)
 
+    def _prefill_run(self, limit: float) -> int:
+        """Take the steps in which the request being prefilled gets a whole chunk (what the decodes leave) at once,
+        up to the step before its last chunk or the next completion, when the cache holds them all; the steps taken."""
+        job, n = self.filling, len(self.running)
+        chunk = self._budget()
+        steps = (job.prompt + job.generated - job.filled - 1) // chunk
+        if n:
+            steps = min(steps, self._next_finish())
+        if steps < 2:
+            return 0
+        filled = self._blocks(job.filled + steps * chunk + self._ahead)
+        if self._used_bound(steps - 1) + filled > self._total and self._used(steps - 1) + filled > self._total:
+            return 0  # the cache runs short on the way: one step at a time
+        if self.trace is not None:
+            duration = self.trace.seconds(self.now, steps)
+        else:
+            m = self.model
+            first = self.context + chunk  # the first step's context: its chunk is in
+            duration = (steps * (m.step_a + m.step_b * (n + 1) + m.step_c * first + self._prefill_s * chunk)
+                        + m.step_c * (n + chunk) * steps * (steps - 1) / 2)
+        if self.now + duration > limit:
+            return 0
+        self.timeline.append(Sample(self.now, n + 1, n * steps / duration, self._used() + filled, len(self.waiting)))
+        job.filled += steps * chunk
+        self.context += steps * chunk
+        self.prefilled += steps * chunk
+        self._generate(steps, n)
+        self.now += duration
+        self._no_admission = False  # a step after a preemption admits nothing: nothing could be, beside this chunk
+        return steps
+
     def _steps_before_full(self, used: int) -> int:
         """Whole steps the running requests (holding `used` blocks for their next step) can take before one of them
         finds no free block."""
@@ -361,6 +392,10 @@ class SharedEngine:
         then."""
         self.now = max(self.now, now)
         while True:
+            if self.filling is not None and self._prefill_run(limit):
+                if self.running and self._next_finish() <= 0:
+                    break
+                continue
             alone = self.filling is not None or self._alone
             if alone:
                 self._schedule_alone()
