@@ -316,10 +316,12 @@ class SharedEngine:
     def _schedule_alone(self) -> None:
         """vLLM's schedule() for a step taken on its own: the decodes' blocks, the next chunk of the request being
         prefilled (preempting if either does not fit), then admissions with what is left of the budget."""
-        budget, used, offset, job = self._budget(), self._used(), 0, self.filling
+        budget, offset, job = self._budget(), 0, self.filling
+        chunk = min(job.prompt + job.generated - job.filled, budget) if job is not None else 0
+        need = self._blocks(job.filled + chunk + self._ahead) if job is not None else 0
+        used = self._used() if self._used_bound() + need > self._total else 0  # exact only when it could matter
         if job is not None:
-            chunk = min(job.prompt + job.generated - job.filled, budget)
-            if used + self._blocks(job.filled + chunk + self._ahead) > self._total:
+            if used + need > self._total:
                 self._preempt()
             else:
                 job.filled += chunk
@@ -409,9 +411,8 @@ class SharedEngine:
                 per_step = self._step_seconds(n)
                 if self.now + per_step > limit:
                     return math.inf, []
-                held = self._blocks(self.filling.filled + self._ahead) if self.filling is not None else 0
-                self.timeline.append(Sample(self.now, n, len(self.running) / per_step, self._used() + held,
-                                            len(self.waiting)))
+                self.timeline.append(Sample(self.now, n, len(self.running) / per_step,
+                                            math.ceil(self.context / self._size), len(self.waiting)))
                 self._generate(1, len(self.running))
                 self.now += per_step
                 if self.running and self._next_finish() <= 0:
