@@ -237,7 +237,7 @@ corpus-demo: env
 
 # Every benchmark runs (each prints its ratios and targets); the verb fails at the end if any missed a target.
 MISSED = $(OUT)/bench-missed.txt
-bench: env build-env
+bench: env build-env engine-env
 	@mkdir -p $(OUT) && rm -f $(MISSED)
 	$(PY) benchmarks/sandbox_throughput.py || echo sandbox_throughput >> $(MISSED)
 	$(PY) benchmarks/sandbox_real_programs.py || echo sandbox_real_programs >> $(MISSED)
@@ -248,6 +248,7 @@ bench: env build-env
 	$(BPY) benchmarks/grid_search.py || echo grid_search >> $(MISSED)
 	$(BPY) benchmarks/build_scale.py || echo build_scale >> $(MISSED)
 	$(PY) benchmarks/corpus_admission.py || echo corpus_admission >> $(MISSED)
+	$(EPY) benchmarks/engine_overhead.py || echo engine_overhead >> $(MISSED)
 	@if [ -f $(MISSED) ]; then echo "missed a target or failed: $$(tr '\n' ' ' < $(MISSED))"; exit 1; fi
 
 clean:
