@@ -24,15 +24,17 @@ Chunked prefill: with `max_num_batched_tokens` B (0: no budget), a step schedule
 request's 1 + k first (B must exceed max_num_seqs x (1 + k)), then the request being prefilled, then admissions, each
 up to what is left. A request whose context does not fit the budget is admitted with a first chunk and prefilled over
 the next steps while the decodes go on (it makes no token until its last chunk); it holds blocks only for what it has
-prefilled (plus k), so the decodes may take the rest, and, being the newest, it is the first preempted. Not modelled: prefix caching (the shipped profiles run without it),
-vLLM's asynchronous scheduling (a request then holds one step more: 1 + k tokens), drafts rejected (a step gives one
-token per request; the step model's rate holds the acceptance), `long_prefill_token_threshold` (off by default).
+prefilled (plus k), so the decodes may take the rest, and, being the newest, it is the first preempted.
+Not modelled: prefix caching (the shipped profiles run without it), vLLM's asynchronous scheduling (a request then
+holds one step more: 1 + k tokens), drafts rejected (a step gives one token per request; the step model's rate holds
+the acceptance), `long_prefill_token_threshold` (off by default).
 
 Between two events (an admission, a completion, a preemption) the batch is fixed, so the next event is solved, not
 stepped: after s steps K has grown by n*s, and s steps take s*(a + b*n + c*K) + c*n*s*(s-1)/2; the step at which the
 blocks run out is found from where each request crosses its next block boundary. A 12-hour run is a few thousand
 events, not millions of steps. Steps that prefill in chunks, and the steps after a preemption or an admission the
-token budget held back, are taken one at a time (vLLM may admit in the very next step).
+token budget held back, are taken one at a time (vLLM may admit in the very next step), but for the run of whole
+chunks before a prefill's last, which is one event when the cache holds it.
 """
 
 from __future__ import annotations
