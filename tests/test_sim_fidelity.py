@@ -237,9 +237,9 @@ def test_chunked_admission_follows_vllm_step_by_step(chunked_run):
     same = sum(a == b for a, b in zip(real_making, sim_making)) / total
     gap = sum(abs(a - b) for a, b in zip(real_making, sim_making)) / total
     real_preempted = sum(row["preempted"] for row in steps)
-    print(f"chunked ({'whole-context gate' if gate else 'first chunk'}): steps {total} (sim {max(sim_finished.values()):.0f}); requests making a token equal on "
-          f"{100 * same:.1f}% of steps, mean gap {gap:.3f}; preemptions vLLM {real_preempted}, sim "
-          f"{len(engine.preempted)}")
+    print(f"chunked ({'whole-context gate' if gate else 'first chunk'}): steps {total} (sim "
+          f"{max(sim_finished.values()):.0f}); requests making a token equal on {100 * same:.1f}% of steps, mean gap "
+          f"{gap:.3f}; preemptions vLLM {real_preempted}, sim {len(engine.preempted)}")
     assert real_preempted > 0 and engine.preempted  # re-admissions in chunks happened on both
     assert max(len(prompt) for prompt, _ in jobs) > 4 * CHUNK  # contexts of up to 5 chunks, re-prefills longer
     assert same >= 0.90 and gap < 0.25
