@@ -9,7 +9,9 @@ on `--workers` processes (default, as the CLI's: every core this process may use
 timed too, for the per-core rate. The ratio printed is against the same work done with the scheduler alone on a
 trivial engine (every request taking a fixed time), measured in the same run: the price of the serving model (its
 paged KV cache included) and the attempt pool over the bare policy. A run on a quarter of the cache (1M tokens: the
-cache full all run, ~1,300 preemptions) shows the worst case of the event solver. The machine is shared: the load
+cache full all run, ~1,300 preemptions) shows the worst case of the event solver. The serving model carries the
+profile's token budget and draft tokens, as a forecast's does (sim.scenario.for_profile: chunked prefills and the
+steps after admissions are taken one at a time); a run without them is timed too. The machine is shared: the load
 average is printed with the times.
 """
 
@@ -31,6 +33,7 @@ from sim.forecast import build_inputs, forecast, one_run  # noqa: E402
 from sim.pool import AttemptPool  # noqa: E402
 
 from sim.run import LatencyEngine, simulate  # noqa: E402
+from sim.scenario import for_profile  # noqa: E402
 from sim.serving import load_serving  # noqa: E402
 from submission.config import load_profile  # noqa: E402
 from submission.tasks import load_tasks  # noqa: E402
@@ -48,12 +51,17 @@ def main() -> int:
     tasks = load_tasks(Path(args.arc_data) / "arc-agi-2" / "evaluation").tasks
     inputs, truth = build_inputs(tasks, {}, 240, random.Random(0))
     pool = AttemptPool(make_records(tasks), truth)
-    schedule = load_profile("moe-4xL4").schedule
-    serving = load_serving(REPO / "sim" / "serving_models" / "moe-4xL4.toml")
+    profile = load_profile("moe-4xL4")
+    schedule = profile.schedule
+    unbudgeted = load_serving(REPO / "sim" / "serving_models" / "moe-4xL4.toml")
+    serving = for_profile(unbudgeted, profile)
 
     start = time.perf_counter()
     result, _ = one_run(schedule, inputs, truth, pool, serving, seed=0)
     single = time.perf_counter() - start
+    start = time.perf_counter()
+    one_run(schedule, inputs, truth, pool, unbudgeted, seed=0)
+    plain = time.perf_counter() - start
     start = time.perf_counter()
     bare = simulate(schedule, inputs, pool.draw, LatencyEngine(lambda job: job.tokens / 8.0), truth, 0)
     baseline = time.perf_counter() - start
@@ -68,6 +76,7 @@ def main() -> int:
     many = time.perf_counter() - start
     print(f"inputs: {len(inputs)}; attempts in one run: {len(result.finished)} (bare policy: {len(bare.finished)})")
     print(f"one 12-hour run:     {single * 1000:7.1f} ms")
+    print(f"without the profile's token budget and drafts: {plain * 1000:7.1f} ms")
     print(f"bare policy run:     {baseline * 1000:7.1f} ms  (ratio {single / baseline:.2f}x)")
     print(f"1M-token cache run:  {crowded * 1000:7.1f} ms  ({full.preemptions} preemptions; ratio "
           f"{crowded / baseline:.2f}x the bare policy)")

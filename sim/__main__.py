@@ -10,7 +10,7 @@
                            [--sensitivity-pairs 20] [--sweep KEY=V1,V2 | --sweep P1,P2] [--compare-fifo]
                            [--out DIR] [--json PATH] [--workers N]
     python -m sim calibrate --stats attempts.stats.jsonl --profile NAME --kv-tokens N [--out serving.toml]
-    python -m sim backtest LOG --tasks DIR [--solutions PATH] --profile NAME [--serving FILE]
+    python -m sim backtest LOG --tasks DIR [--solutions PATH] --profile NAME [--serving FILE] [--trace STATS]
 
 The solver's own scheduler and selection run on a simulated clock (sim/run.py) with attempts drawn from the logs
 (sim/pool.py) and a serving model of the engine and its KV cache (sim/serving.py; `--serving` defaults to
@@ -36,8 +36,9 @@ from sim.calibrate import fit, read_windows, to_toml
 from sim.forecast import build_inputs, forecast, one_run, sensitivity
 from sim.pool import AttemptPool
 from sim.report import distribution_png, report_json, summary, sweep_table, text_report, timeline_png
-from sim.scenario import SERVING_MODELS, describe, make_scenario, parse_counts, read_scenario, resolve, variants
-from sim.serving import load_serving
+from sim.scenario import (SERVING_MODELS, describe, for_profile, make_scenario, parse_counts, read_scenario, resolve,
+                          variants)
+from sim.serving import load_serving, trace_from_windows
 from submission.attempts import read_log
 from submission.config import ProfileError, load_profile
 from submission.tasks import LoadError, load_tasks
@@ -161,14 +162,20 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     seen = {(r.task_id, r.test_index) for r in records}
     inputs = [i for i in inputs if i.key in seen]
     profile = load_profile(args.profile)
-    result = backtest(records, inputs, truth, profile.schedule, _serving_for(args, args.profile))
-    print(f"backtest of {args.log}: {result.matched} attempts matched")
-    print(f"  start error  {result.start_error_s:8.1f} s (mean absolute)")
-    print(f"  finish error {result.finish_error_s:8.1f} s")
-    print(f"  attempts: logged {result.logged_attempts} finished + {result.logged_aborted} aborted, simulated "
-          f"{result.simulated_attempts} finished + {result.simulated_aborted} aborted")
-    print(f"  score: logged {result.logged_score:.2f}, simulated {result.simulated_score:.2f}, "
-          f"difference {result.simulated_score - result.logged_score:+.2f}")
+    serving = for_profile(_serving_for(args, args.profile), profile)
+    runs = [("the serving model's step model", None)]
+    if args.trace:
+        runs.append((f"the measured trace of {args.trace}", trace_from_windows(read_windows(args.trace),
+                                                                                str(args.trace))))
+    for name, trace in runs:
+        result = backtest(records, inputs, truth, profile.schedule, serving, trace)
+        print(f"backtest of {args.log} on {name}: {result.matched} attempts matched")
+        print(f"  start error  {result.start_error_s:8.1f} s (mean absolute)")
+        print(f"  finish error {result.finish_error_s:8.1f} s")
+        print(f"  attempts: logged {result.logged_attempts} finished + {result.logged_aborted} aborted, simulated "
+              f"{result.simulated_attempts} finished + {result.simulated_aborted} aborted")
+        print(f"  score: logged {result.logged_score:.2f}, simulated {result.simulated_score:.2f}, "
+              f"difference {result.simulated_score - result.logged_score:+.2f}")
     return 0
 
 
@@ -219,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--solutions", type=Path)
     b.add_argument("--profile", required=True)
     b.add_argument("--serving")
+    b.add_argument("--trace", type=Path, help="the run's <log>.stats.jsonl: also replay its measured step times")
     args = parser.parse_args(argv)
     try:
         return {"forecast": cmd_forecast, "calibrate": cmd_calibrate, "backtest": cmd_backtest}[args.command](args)

@@ -2,7 +2,9 @@
 
 Every request draws the logged attempt with the same input and attempt number (rule 1 of sim.pool), so only the
 clock is simulated; the per-attempt start and finish errors, the attempt counts (finished, and aborted at the hard
-stop) and the score difference say whether the serving model matches the hardware the log came from.
+stop) and the score difference say whether the serving model matches the hardware the log came from. With the run's
+measured trace (`--trace`: its engine statistics' seconds per step, window by window) in place of the step model, the
+same comparison separates the step model's error from the scheduler's and the cache model's.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 
 from sim.pool import AttemptPool
 from sim.run import simulate
-from sim.serving import ServingModel, SharedEngine
+from sim.serving import ServingModel, SharedEngine, Trace
 from submission.attempts import AttemptRecord
 from submission.schedule import InputInfo, ScheduleConfig
 from submission.solve import Candidates
@@ -33,9 +35,10 @@ class Backtest:
 
 
 def backtest(records: list[AttemptRecord], inputs: list[InputInfo], truth: dict, config: ScheduleConfig,
-             serving: ServingModel) -> Backtest:
+             serving: ServingModel, trace: Trace | None = None) -> Backtest:
+    """`trace`: the run's measured step times in place of the serving model's step model (its cache model stays)."""
     pool = AttemptPool(records, truth)
-    result = simulate(config, inputs, pool.draw, SharedEngine(serving), truth, random.Random(0))
+    result = simulate(config, inputs, pool.draw, SharedEngine(serving, trace=trace), truth, random.Random(0))
     logged = {(r.task_id, r.test_index, r.attempt): r for r in records}
     starts, finishes = [], []
     for request, _, submitted, finished in result.finished:

@@ -179,6 +179,13 @@ class Resolved:
     notes: tuple[str, ...]  # how the scenario changed the profile's schedule and the serving model
 
 
+def for_profile(serving: ServingModel, profile) -> ServingModel:
+    """The serving model with the engine settings of the run profile that its cache model reads: chunked prefill's
+    token budget (a profile's 0, vLLM's default, is read as no budget) and the speculative draft tokens."""
+    return replace(serving, max_num_batched_tokens=profile.engine.max_num_batched_tokens,
+                   draft_tokens=profile.engine.mtp_speculative_tokens)
+
+
 def resolve(scenario: Scenario) -> Resolved:
     """The schedule and serving model the scenario means, and a line for each change it made."""
     profile = load_profile(scenario.profile)
@@ -190,8 +197,9 @@ def resolve(scenario: Scenario) -> Resolved:
     for name, value in scenario.schedule:
         notes.append(f"schedule.{name} = {value} (profile: {getattr(profile.schedule, name)})")
     path = Path(scenario.serving) if scenario.serving else SERVING_MODELS / f"{Path(scenario.profile).stem}.toml"
-    serving = load_serving(path)
-    notes.append(f"serving model {path}")
+    serving = for_profile(load_serving(path), profile)
+    notes.append(f"serving model {path}; from the profile: max_num_batched_tokens {serving.max_num_batched_tokens} "
+                 f"(0: no budget), draft_tokens {serving.draft_tokens}")
     if scenario.kv_tokens is not None:
         notes.append(f"kv_tokens = {scenario.kv_tokens:,} (serving model: {serving.kv_tokens:,})")
         serving = replace(serving, kv_tokens=scenario.kv_tokens)

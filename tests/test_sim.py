@@ -21,7 +21,7 @@ from sim.forecast import build_inputs, forecast, one_run, sensitivity
 from sim.pool import AttemptPool
 from sim.run import LatencyEngine, simulate
 from sim.scenario import make_scenario, parse_counts, resolve
-from sim.serving import ServingModel, SharedEngine
+from sim.serving import Job, ServingModel, SharedEngine, Trace, trace_from_windows
 from submission.attempts import AttemptRecord
 from submission.config import load_profile
 from submission.schedule import Level, Request
@@ -132,6 +132,51 @@ def test_backtest_of_a_simulated_run_matches_itself(world):
     assert result.logged_attempts == result.simulated_attempts == len(logged) and result.simulated_aborted == 0
     slower = backtest(logged, real_inputs, truth, schedule, serving.scaled(throughput=0.8))
     assert slower.finish_error_s > 60  # a wrong serving model shows
+
+
+def test_a_measured_trace_replays_window_by_window():
+    """Seconds per step = a window's seconds x running / tokens; a window without tokens is a stall; after the last
+    window its rate goes on."""
+    windows = [{"start": 0.0, "seconds": 10.0, "tokens": 40, "running": 4},  # 1 s a step
+               {"start": 10.0, "seconds": 10.0, "tokens": 0, "running": 4},  # a stall
+               {"start": 20.0, "seconds": 10.0, "tokens": 80, "running": 4},  # 0.5 s a step
+               {"start": 30.0, "seconds": 5.0, "tokens": 0, "running": 0}]  # idle at the end: left out
+    trace = trace_from_windows(windows)
+    assert trace == Trace((0.0, 10.0, 20.0), (1.0, float("inf"), 0.5))
+    assert trace.seconds(0.0, 15) == 10 + 10 + 5 * 0.5
+    assert trace.seconds(5.0, 5) == 5.0 and trace.seconds(40.0, 4) == 2.0  # the last rate goes on
+    assert trace.steps_within(0.0, 22.5) == 15 and trace.steps_within(12.0, 8.0) == 0
+    with pytest.raises(ValueError, match="stats.jsonl: no window with generated tokens"):
+        trace_from_windows(windows[1:2], "stats.jsonl")
+    with pytest.raises(ValueError, match="stats.jsonl: a window lacks"):
+        trace_from_windows([{"start": 0.0, "tokens": 3}], "stats.jsonl")
+    # In the engine: the trace's step times, not the model's (and no prefill cost: the windows hold it).
+    model = ServingModel(9.0, 9.0, 9.0, 9.0, 0.0, 10_000, 8, 16)
+    engine = SharedEngine(model, trace=trace)
+    for index in range(4):
+        engine.submit(Job((index,), 100, 15), 0.0)
+    now, done = engine.advance(0.0, float("inf"))
+    assert now == 22.5 and len(done) == 4 and engine.prefilled == 400
+
+
+def test_backtest_on_the_runs_own_trace(world):
+    """A run whose step time is constant (no b, c or prefill) is its own trace: replayed on it, the backtest matches;
+    on a trace 20% slower it does not."""
+    _, _, inputs, truth, pool = world
+    real_inputs = [i for i in inputs if not i.task_id.startswith("made-up")][:40]
+    schedule = replace(load_profile("moe-4xL4").schedule, max_in_flight=20)
+    serving = ServingModel(0.05, 0.0, 0.0, 0.0, 0.0, 4_000_000, 56)
+    run = one_run(schedule, real_inputs, truth, pool, serving, seed=0)[0]
+    logged = [AttemptRecord(r.task_id, r.test_index, r.attempt, r.level, r.seed, r.cap, natural=a.natural,
+                            thinking_tokens=a.thinking, answer_tokens=a.answer, prompt_tokens=a.prompt, grid=a.grid,
+                            train_perfect=a.train_perfect, demos_right=a.demos_right,
+                            program_outputs=a.program_outputs, started_s=start, finished_s=end)
+              for r, a, start, end in run.finished]
+    wrong = replace(serving, step_a=0.5)  # the step model far off: the trace replaces it
+    result = backtest(logged, real_inputs, truth, schedule, wrong, Trace((0.0,), (0.05,)))
+    assert result.matched == len(logged) and result.finish_error_s < 1e-6
+    assert backtest(logged, real_inputs, truth, schedule, wrong).finish_error_s > 60
+    assert backtest(logged, real_inputs, truth, schedule, serving, Trace((0.0,), (0.06,))).finish_error_s > 60
 
 
 def test_make_simulate_command(arc_data, tmp_path):

@@ -11,9 +11,11 @@ import pytest
 from sim.serving import Job, ServingModel, SharedEngine
 
 
-def steps_model(kv_tokens: int, max_num_seqs: int, block_size: int = 16, watermark: float = 0.0) -> ServingModel:
+def steps_model(kv_tokens: int, max_num_seqs: int, block_size: int = 16, watermark: float = 0.0,
+                max_num_batched_tokens: int = 0, draft_tokens: int = 0, reserve_full_isl: bool = True) -> ServingModel:
     """One second per step, nothing else: simulated time counts engine steps."""
-    return ServingModel(1.0, 0.0, 0.0, 0.0, 0.0, kv_tokens, max_num_seqs, block_size, watermark)
+    return ServingModel(1.0, 0.0, 0.0, 0.0, 0.0, kv_tokens, max_num_seqs, block_size, watermark,
+                        max_num_batched_tokens, draft_tokens, reserve_full_isl)
 
 
 def run_events(model: ServingModel, jobs: list[tuple[int, int]]) -> tuple[dict[int, float], SharedEngine]:
@@ -30,34 +32,71 @@ def run_events(model: ServingModel, jobs: list[tuple[int, int]]) -> tuple[dict[i
 
 
 def run_steps(model: ServingModel, jobs: list[tuple[int, int]]) -> tuple[dict[int, int], int]:
-    """vLLM v1's scheduler rules one step at a time (the reference the event solver must match): running requests
-    take the blocks of their next token oldest first, preempting the newest when short; a step that preempted admits
-    nothing; else waiting requests are admitted in order while their blocks fit above the watermark (none for a
-    request admitted when nothing else runs)."""
-    size, blocks = model.block_size, model.blocks
+    """vLLM v1's scheduler rules one step at a time (the reference the event solver must match; read from
+    vllm/v1/core/sched/scheduler.py and kv_cache_manager.py): each step has a budget of `max_num_batched_tokens`
+    tokens (0: none). Running requests, oldest first, take the blocks of this step's tokens (computed + new + k
+    look-ahead slots: a decode's new tokens are its next one and k drafts, a request being prefilled gets its next
+    chunk, up to the budget left), preempting the newest when short (itself last); a step that preempted admits
+    nothing; else waiting requests are admitted in order while budget is left and the blocks of their first chunk
+    (plus k) and, with reserve_full_isl, of their whole context are free above the watermark (none for a request
+    admitted when nothing else runs). A request makes its first
+    token in the step of its last chunk; every later step gives it one (drafts all rejected)."""
+    size, blocks, k = model.block_size, model.blocks, model.draft_tokens
     keep = int(model.watermark * blocks)
-    waiting = [[i, p, t, 0] for i, (p, t) in enumerate(jobs)]  # id, prompt, tokens, generated
-    running: list[list[int]] = []
+    waiting = [{"id": i, "prompt": p, "tokens": t, "generated": 0, "computed": 0, "held": 0, "decoding": False}
+               for i, (p, t) in enumerate(jobs)]
+    running: list[dict] = []
     finished, step, preemptions = {}, 0, 0
 
-    def need(job):
-        return -(-(job[1] + job[3]) // size)
+    def blocks_for(tokens: int) -> int:
+        return -(-tokens // size)
 
     while waiting or running:
-        preempted = False
-        while sum(need(j) for j in running) > blocks:
-            waiting.insert(0, running.pop())
-            preempted, preemptions = True, preemptions + 1
+        budget = model.max_num_batched_tokens or math.inf
+        preempted, scheduled, index = False, [], 0
+        while index < len(running) and budget > 0:
+            job = running[index]
+            context = job["prompt"] + job["generated"]
+            new = 1 + k if job["decoding"] else min(context - job["computed"], budget)
+            target = blocks_for(job["computed"] + new + k)
+            while sum(j["held"] for j in running) - job["held"] + target > blocks:
+                victim = running.pop()
+                victim.update(computed=0, held=0, decoding=False)
+                waiting.insert(0, victim)
+                preempted, preemptions = True, preemptions + 1
+                if victim is job:
+                    break
+            if job not in running:
+                break
+            job["held"] = max(job["held"], target)
+            budget -= new
+            scheduled.append((job, new))
+            index += 1
         if not preempted:
-            while (waiting and len(running) < model.max_num_seqs
-                   and sum(need(j) for j in running) + need(waiting[0]) <= blocks - (keep if running else 0)):
+            while waiting and budget > 0 and len(running) < model.max_num_seqs:
+                job = waiting[0]
+                new = min(job["prompt"] + job["generated"], budget)
+                target = blocks_for(new + k)
+                whole = blocks_for(job["prompt"] + job["generated"]) if model.reserve_full_isl else 0
+                if sum(j["held"] for j in running) + max(target, whole) > blocks - (keep if running else 0):
+                    break
                 running.append(waiting.pop(0))
+                job["held"] = target
+                budget -= new
+                scheduled.append((job, new))
         step += 1
-        for job in running:
-            job[3] += 1
-        for job in [j for j in running if j[3] >= j[2]]:
+        for job, new in scheduled:
+            if job["decoding"]:
+                job["computed"] += 1
+                job["generated"] += 1
+            else:
+                job["computed"] += new
+                if job["computed"] == job["prompt"] + job["generated"]:
+                    job["generated"] += 1
+                    job["decoding"] = True
+        for job in [j for j in running if j["generated"] >= j["tokens"]]:
             running.remove(job)
-            finished[job[0]] = step
+            finished[job["id"]] = step
     return finished, preemptions
 
 
@@ -74,6 +113,66 @@ def test_event_solver_equals_the_step_by_step_rules(seed):
     assert events == {i: float(s) for i, s in steps.items()}
     assert len(engine.preempted) == preemptions
     assert engine.tokens == sum(t for _, t in jobs)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_chunked_prefill_and_drafts_follow_the_step_by_step_rules(seed):
+    """A token budget smaller than many contexts (requests admitted on their first chunk, prefilled over later steps
+    while the decodes go on, re-admitted in chunks after preemption) and draft look-ahead, against the reference."""
+    rng = random.Random(100 + seed)
+    size = rng.choice([1, 4, 16])
+    seqs, drafts = rng.randint(2, 12), rng.choice([0, 0, 1, 4])
+    jobs = [(rng.randint(1, 200), rng.randint(1, 300)) for _ in range(rng.randint(5, 40))]
+    largest = max(p + t for p, t in jobs) + 2 * drafts
+    budget = rng.choice([seqs * (1 + drafts) + 1, seqs * (1 + drafts) + rng.randint(2, 64), 0])
+    model = steps_model(rng.randint(largest, 3 * largest) // size * size + size, seqs, size,
+                        rng.choice([0.0, 0.0, 0.05]), budget, drafts, rng.choice([True, False]))
+    events, engine = run_events(model, jobs)
+    steps, preemptions = run_steps(model, jobs)
+    assert events == {i: float(s) for i, s in steps.items()}
+    assert len(engine.preempted) == preemptions
+    assert engine.tokens == sum(t for _, t in jobs)
+
+
+def test_drafts_hold_blocks_for_their_look_ahead():
+    """Two requests that fit a 4-block cache together without drafts; with 4 drafts each holds 8 more tokens (4
+    computed drafts, 4 slots for the drafter), so the second is preempted."""
+    jobs = [(16, 12), (16, 12)]
+    assert run_events(steps_model(64, 4, 16), jobs)[1].preempted == []
+    _, engine = run_events(steps_model(64, 4, 16, draft_tokens=4), jobs)
+    assert [key for _, key, _ in engine.preempted] == [(1,)]
+
+
+def test_a_long_context_is_admitted_on_its_first_chunk():
+    """A 100-token prompt with a 24-token budget beside a short request: admitted on a first chunk of 20 tokens (the
+    short prompt took 4), it is prefilled over five steps (23 tokens a step beside the other's decode), makes its
+    first token in the fifth step and its second in the sixth."""
+    model = steps_model(128, 4, 4, max_num_batched_tokens=24)
+    engine = SharedEngine(model)
+    engine.submit(Job((0,), 4, 50), 0.0)
+    engine.submit(Job((1,), 100, 2), 0.0)
+    now, done = engine.advance(0.0, math.inf)
+    assert engine.prefilled >= 4 + 100 and [j.key for j in done] == [(1,)]
+    assert now == 1 + 5  # step 1: request 0's prompt and request 1's first 20 tokens; 23 a step after; 2 tokens
+
+
+def test_admission_waits_for_the_whole_context_unless_told_otherwise():
+    """vLLM's default (scheduler_reserve_full_isl) admits a request only when its whole context's blocks are free;
+    off, its first chunk's suffice. 16 blocks of 4 tokens, a 36-token request running: a 40-token prompt waits for
+    it by default, and is admitted at once on its first chunk without the gate."""
+    for gate, started in ((True, math.nan), (False, 1.0)):  # step 2 (from 1 s): the first prefill's last 12 tokens
+        engine = SharedEngine(steps_model(64, 4, 4, max_num_batched_tokens=20, reserve_full_isl=gate))
+        first, second = Job((0,), 32, 4), Job((1,), 40, 4)
+        engine.submit(first, 0.0)
+        engine.submit(second, 0.0)
+        now, done = engine.advance(0.0, math.inf)
+        assert done == [first] and now == 5.0  # 2 prefill steps (the second makes a token), 3 more tokens
+        assert math.isnan(second.started) if gate else second.started == started
+
+
+def test_the_budget_must_leave_room_for_prefill():
+    with pytest.raises(ValueError, match="max_num_batched_tokens 8 leaves no room"):
+        steps_model(64, 4, max_num_batched_tokens=8, draft_tokens=1)
 
 
 def test_a_cache_for_n_long_requests_keeps_about_n_running():
