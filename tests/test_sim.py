@@ -344,3 +344,14 @@ def test_scenario_file_json_and_plots(arc_data, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "sim", "forecast", "--log", "x", "--tasks", "y", "--scenario",
                           str(scenario), "--sweep", "kv_tokenz=1"], cwd=REPO, capture_output=True, text=True)
     assert bad.returncode == 2 and "kv_tokenz" in bad.stderr
+
+
+def test_a_calibrated_model_is_written_as_toml_that_loads_back(tmp_path):
+    """`sim calibrate` writes every field, booleans included (reserve_full_isl = True was not TOML)."""
+    from sim.calibrate import to_toml
+    from sim.serving import load_serving
+
+    model = replace(MOE, max_num_batched_tokens=8192, draft_tokens=4, reserve_full_isl=False)
+    path = tmp_path / "serving.toml"
+    path.write_text(to_toml(model, "a note"))
+    assert load_serving(path) == model
