@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from submission import strict_toml
 from submission.sandbox import SandboxLimits
 from submission.schedule import ScheduleConfig
 from submission.tool_agent import ToolAgentConfig
@@ -116,35 +116,12 @@ class Profile:
     build: BuildConfig = field(default_factory=BuildConfig)
 
 
-class ProfileError(ValueError):
+class ProfileError(strict_toml.TomlError):
     """A profile that cannot be used; the message names the file, the section and the key."""
 
 
 def _build(cls: type, table: Any, where: str) -> Any:
-    if not isinstance(table, dict):
-        raise ProfileError(f"{where}: expected a table, got {type(table).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(table) - names)
-    if unknown:
-        raise ProfileError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(names))})")
-    values = {}
-    for key, value in table.items():
-        hint = hints[key]
-        if dataclasses.is_dataclass(hint):
-            values[key] = _build(hint, value, f"{where}.{key}")
-        elif typing.get_origin(hint) is tuple:
-            values[key] = tuple(value)
-        elif hint is float and isinstance(value, int) and not isinstance(value, bool):
-            values[key] = float(value)
-        elif isinstance(hint, type) and not isinstance(value, hint):
-            raise ProfileError(f"{where}.{key}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
-        else:
-            values[key] = value
-    try:
-        return cls(**values)
-    except (TypeError, ValueError) as err:
-        raise ProfileError(f"{where}: {err}") from None
+    return strict_toml.build(cls, table, where, ProfileError)
 
 
 LINES = {"grid": "a grid-line profile", "both": "a combined profile"}  # `line` values besides the reasoning line's
@@ -185,11 +162,4 @@ def profile_to_toml(profile: Profile) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+_toml_value = strict_toml.value
