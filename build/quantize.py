@@ -38,14 +38,13 @@ and the index are written by the library's writers. A per-tensor report (`quanti
 in float32 where the library dequantises in bfloat16) comes with the output.
 With `--calibration-tasks`, FP8 KV-cache scales calibrated on the solver's own prompts of those tasks
 (build.kv_scales) are added too, with the `kv_cache_scheme` vLLM reads; they and the static input scales (observed
-only when the recipe has a static scheme) come from one layer-by-layer pass over the prompts (build.input_scales:
+only when the recipe has a static scheme) come from one layer-by-layer pass over the prompts (build.activations:
 one decoder layer resident, never the whole model).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import re
 import shutil
@@ -57,17 +56,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from build.library_logs import show_library_logs_from
+from build.activations import activation_amax
 from build.checkpoint import DTYPES, checkpoint_files, copy_other_files, read_header, weight_map
+from build.kv_scales import calibration_prompts, scales as kv_cache_scales
+from build.library_logs import show_library_logs_from
+from build.schemes import FORMATS, SCHEMES, STATIC, compression_scheme, dequantize, library_scheme
 
 if TYPE_CHECKING:
     import torch
 
-SCHEMES = ("NVFP4A16", "NVFP4", "FP8_DYNAMIC", "FP8", "W4A16", "W8A16_CHANNEL", "BF16")
-FORMATS = {"NVFP4A16": "nvfp4-pack-quantized", "NVFP4": "nvfp4-pack-quantized", "FP8_DYNAMIC": "float-quantized",
-           "FP8": "float-quantized", "W4A16": "pack-quantized", "W8A16_CHANNEL": "pack-quantized"}
 INT_GROUP = 128  # W4A16's group of inputs per scale (compressed-tensors' preset; vLLM's Marlin kernels take it)
-STATIC = ("NVFP4", "FP8")  # schemes whose activation scales are calibrated (build.input_scales)
 LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
@@ -119,24 +117,6 @@ def load_recipe(path: str | Path) -> Recipe:
     return Recipe(raw.get("name", path.stem), tuple(rules), raw.get("check", {}).get("max_nll_increase", 0.02))
 
 
-def _scheme(name: str, targets: list[str]):
-    """compressed-tensors' scheme of a kit scheme name: its preset, but for W8A16_CHANNEL (the preset W8A16 has
-    groups of 128; the study's linear-attention projections were INT8 per channel)."""
-    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme, preset_name_to_scheme
-
-    if name == "W8A16_CHANNEL":
-        return QuantizationScheme(targets=targets, weights=QuantizationArgs(
-            num_bits=8, type="int", symmetric=True, strategy="channel", dynamic=False))
-    return preset_name_to_scheme(name, targets)
-
-
-@functools.cache
-def _compression_scheme(name: str):
-    """The scheme the compressors are handed: its targets play no part there, so one object per scheme name serves
-    every tensor (building one per call cost ~10% of quantising a tiny-width checkpoint)."""
-    return _scheme(name, ["Linear"])
-
-
 def plan(recipe: Recipe, tensors: dict[str, tuple[int, ...]], table: dict[str, tuple[str, ...]],
          source: str = "checkpoint") -> dict[str, str]:
     """Module -> scheme for every weight the recipe quantises (tensor name -> shape, from the shard headers), refusing
@@ -179,7 +159,7 @@ def int_weights(weights: dict[str, "torch.Tensor"], scheme_name: str) -> dict[st
     from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
     from compressed_tensors.quantization.utils.helpers import calculate_qparams
 
-    scheme = _compression_scheme(scheme_name)
+    scheme = compression_scheme(scheme_name)
     out = {}
     for name, w in weights.items():
         w = w.to(torch.float32)
@@ -200,7 +180,7 @@ def fp8_weights(weights: dict[str, "torch.Tensor"], scheme_name: str,
     from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
     from compressed_tensors.quantization.utils.helpers import calculate_qparams
 
-    scheme = _compression_scheme(scheme_name)
+    scheme = compression_scheme(scheme_name)
     out = {}
     for name, w in weights.items():
         w = w.to(torch.float32)
@@ -265,7 +245,7 @@ def quantization_config(schemes: dict[str, str], kv_cache: bool):
     targets: dict[str, list[str]] = {}
     for module, scheme in schemes.items():
         targets.setdefault(scheme, []).append(module)
-    groups = {f"group_{i}": _scheme(scheme, sorted(targets[scheme]))
+    groups = {f"group_{i}": library_scheme(scheme, sorted(targets[scheme]))
               for i, scheme in enumerate(s for s in FORMATS if s in targets)}
     formats = {FORMATS[s] for s in targets}
     kv = (QuantizationArgs(num_bits=8, type="float", strategy="tensor", dynamic=False, symmetric=True)
@@ -504,27 +484,13 @@ def quantize(model: str | Path, recipe_path: str | Path, out: str | Path,
     return rows
 
 
-def dequantize(state: dict[str, "torch.Tensor"], module: str, scheme_name: str) -> "torch.Tensor":
-    from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
-    from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
-    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
-
-    local = {k[len(module) + 1:]: v for k, v in state.items() if k.startswith(module + ".")}
-    compressor = {"nvfp4-pack-quantized": NVFP4PackedCompressor, "float-quantized": FloatQuantizationCompressor,
-                  "pack-quantized": PackedQuantizationCompressor}[FORMATS[scheme_name]]
-    return compressor.decompress(local, _compression_scheme(scheme_name))["weight"]
-
-
 def calibrated_scales(model: str | Path, recipe_path: str | Path, tasks, samples: int, on_step=None
                       ) -> tuple[dict[str, float], dict[str, float] | None]:
     """FP8 KV-cache scales, and the static input amax if the recipe has a static scheme, from the solver's prompts of
-    up to `samples` tasks, in one layer-by-layer pass (build.input_scales: one decoder layer resident)."""
-    from build.input_scales import activation_amax
-    from build.kv_scales import calibration_prompts, scales
-
+    up to `samples` tasks, in one layer-by-layer pass (build.activations: one decoder layer resident)."""
     static = any(rule.scheme in STATIC for rule in load_recipe(recipe_path).rules)
     found = activation_amax(model, calibration_prompts(model, tasks, samples), inputs=static, on_step=on_step)
-    return scales(found.kv), found.inputs if static else None
+    return kv_cache_scales(found.kv), found.inputs if static else None
 
 
 def dequantize_checkpoint(model: str | Path, out: str | Path) -> Path:

@@ -178,7 +178,7 @@ def test_scale_calibration_with_one_layer_resident(tmp_path):
     """The FP8 KV-cache and static input scales observed with one decoder layer resident at a time, on the 80B
     topology cut to 8 layers (512 experts each; the bound is per layer, and 8 layers keep it to seconds: the
     48-layer pass is benchmarks/build_scale.py's `scales` step, with its peak RSS)."""
-    from build.input_scales import activation_amax
+    from build.activations import activation_amax
 
     layers = 8
     folder = write_topology(tmp_path / "model", "qwen3-next-80b", seed=0, layers=layers)

@@ -167,7 +167,8 @@ def test_likelihood_check_dequantises_a_quantised_candidate(tmp_path):
 
 
 def test_kv_cache_scales(tmp_path, arc_data, read_tensors):
-    from build.kv_scales import FP8_MAX, calibration_prompts, kv_amax, scales
+    from build.activations import kv_amax
+    from build.kv_scales import FP8_MAX, calibration_prompts, scales
     from submission.tasks import load_tasks
 
     source = make_checkpoint(tmp_path / "model", "qwen3", seed=0)
@@ -206,7 +207,7 @@ def test_kv_cache_scales(tmp_path, arc_data, read_tensors):
 
 
 def test_static_schemes_carry_calibrated_input_scales(tmp_path, arc_data, read_tensors):
-    from build.input_scales import input_amax
+    from build.activations import input_amax
     from build.kv_scales import calibration_prompts
     from submission.tasks import load_tasks
 
