@@ -23,18 +23,17 @@ checkpoints (adapter + optimiser + step) that resume.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import random
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from build.pipeline import chain
+from submission import strict_toml
 from submission.progress import ProgressLine
-from training.corpus.mix import CorpusMix, from_table
+from training.corpus.mix import CorpusMix
 from training.dataset import read_rows
 from training.memory import chunk_mlps, memory_plan, row_loss
 
@@ -94,20 +93,10 @@ class TrainConfig:
 
 
 def load_config(path: str | Path) -> TrainConfig:
-    path = Path(path)
-    raw = tomllib.loads(path.read_text())
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValueError(f"{path}: unknown key(s) {', '.join(unknown)}")
-    if "targets" in raw:
-        raw["targets"] = tuple(raw["targets"])
-    if "corpus" in raw:
-        raw["corpus"] = from_table(raw["corpus"], str(path))
-    try:
-        return TrainConfig(**raw)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{path}: {err}") from None
+    """The training config of a TOML file (submission.strict_toml): a missing file, invalid TOML, an unknown key, a
+    value of the wrong type or a bad setting raise TomlError naming the file and the key (`[corpus]` keys as
+    `FILE.corpus.KEY`)."""
+    return strict_toml.build(TrainConfig, strict_toml.read(path), str(path))
 
 
 def target_modules(model, targets: tuple[str, ...] = TARGETS) -> list[str]:
