@@ -49,7 +49,6 @@ import json
 import re
 import shutil
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -61,6 +60,7 @@ from build.checkpoint import DTYPES, checkpoint_files, copy_other_files, read_he
 from build.kv_scales import calibration_prompts, scales as kv_cache_scales
 from build.library_logs import show_library_logs_from
 from build.schemes import FORMATS, SCHEMES, STATIC, compression_scheme, dequantize, library_scheme
+from submission import strict_toml
 
 if TYPE_CHECKING:
     import torch
@@ -71,50 +71,62 @@ LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 @dataclass(frozen=True)
 class Rule:
+    """One `[[rules]]` entry: modules whose name matches `pattern` (a regex), within the decoder layers `layers`
+    (first, last; empty: any module), get `scheme`."""
+
     pattern: str
     scheme: str
-    layers: tuple[int, int] | None = None
+    layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"scheme must be one of {', '.join(SCHEMES)}, not {self.scheme!r}")
+        try:
+            re.compile(self.pattern)
+        except re.error as err:
+            raise ValueError(f"pattern {self.pattern!r}: {err}") from None
+        if self.layers and (len(self.layers) != 2 or not all(type(n) is int for n in self.layers)
+                            or not 0 <= self.layers[0] <= self.layers[1]):
+            raise ValueError(f"layers must be [first, last] with 0 <= first <= last, not {list(self.layers)}")
+
+    def applies(self, module: str) -> bool:
+        """Whether the rule decides `module`'s scheme (a layer-ranged rule never applies to the MTP layer, none of the
+        decoder layers 0..N-1)."""
+        if self.layers:
+            layer = None if module.startswith("mtp.") else LAYER.search(module)
+            if layer is None or not self.layers[0] <= int(layer.group(1)) <= self.layers[1]:
+                return False
+        return re.search(self.pattern, module) is not None
+
+
+@dataclass(frozen=True)
+class Check:
+    """A recipe's `[check]` table."""
+
+    max_nll_increase: float = 0.02  # the likelihood check's threshold (build.check_quality)
 
 
 @dataclass(frozen=True)
 class Recipe:
     name: str
     rules: tuple[Rule, ...]
-    max_nll_increase: float = 0.02  # the likelihood check's threshold (build.check_quality)
+    check: Check = Check()
 
     def scheme_for(self, module: str) -> str:
-        layer = None if module.startswith("mtp.") else LAYER.search(module)  # the MTP layer is none of 0..N-1
-        for rule in self.rules:
-            if rule.layers is not None and (layer is None or not
-                                            rule.layers[0] <= int(layer.group(1)) <= rule.layers[1]):
-                continue
-            if re.search(rule.pattern, module):
-                return rule.scheme
-        return "BF16"
+        """The scheme of the first rule that applies to `module`; BF16 (kept) if none does."""
+        return next((rule.scheme for rule in self.rules if rule.applies(module)), "BF16")
 
 
 def load_recipe(path: str | Path) -> Recipe:
-    path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as err:
-        raise ValueError(f"{path}: cannot read the recipe: {err}") from None
-    rules = []
-    for number, rule in enumerate(raw.get("rules", [])):
-        unknown = sorted(set(rule) - {"pattern", "scheme", "layers"})
-        if unknown or "pattern" not in rule or rule.get("scheme") not in SCHEMES:
-            raise ValueError(f"{path}: rules[{number}]: needs pattern and scheme in {SCHEMES}"
-                             + (f"; unknown keys {unknown}" if unknown else ""))
-        try:
-            re.compile(rule["pattern"])
-        except re.error as err:
-            raise ValueError(f"{path}: rules[{number}].pattern: {err}") from None
-        layers = tuple(rule["layers"]) if "layers" in rule else None
-        rules.append(Rule(rule["pattern"], rule["scheme"], layers))
-    unknown = sorted(set(raw) - {"name", "rules", "check"})
-    if unknown:
-        raise ValueError(f"{path}: unknown key(s) {unknown}")
-    return Recipe(raw.get("name", path.stem), tuple(rules), raw.get("check", {}).get("max_nll_increase", 0.02))
+    """The recipe of a TOML file (submission.strict_toml): a missing file, invalid TOML, an unknown key, a value of
+    the wrong type or a bad rule raise TomlError naming the file and the key (`FILE.rules[N]` for the Nth rule)."""
+    raw = strict_toml.read(path)
+    rules = raw.get("rules", [])
+    if not isinstance(rules, list):
+        raise strict_toml.TomlError(f"{path}.rules: expected [[rules]] tables, got {type(rules).__name__}")
+    # strict_toml.build reads tables, not arrays of them: each rule is built as its own table
+    rules = tuple(strict_toml.build(Rule, rule, f"{path}.rules[{number}]") for number, rule in enumerate(rules))
+    return strict_toml.build(Recipe, {"name": Path(path).stem, **raw, "rules": rules}, str(path))
 
 
 def plan(recipe: Recipe, tensors: dict[str, tuple[int, ...]], table: dict[str, tuple[str, ...]],
