@@ -1,4 +1,5 @@
-"""The house of imports: no import cycle anywhere in the kit, and no library module importing a command-line module.
+"""The house of imports: no import cycle anywhere in the kit, a command-line module imported only to be run, and
+build/ and training/ meeting only in the build chain.
 
 The walk reads every module of the kit's packages with `ast` (nothing is imported or run): every `import` and
 `from ... import` statement counts, at module level and inside functions, classes and `if` blocks alike (a
@@ -8,12 +9,16 @@ a module of the kit, else to `a`. Only edges between the kit's own modules count
 edges to the packages above it (every module of a package would otherwise "cycle" through its `__init__`).
 Imports made by name at run time (`importlib`, `python -m` in a subprocess) are not seen.
 
-A command-line module is a module whose job is to be run, not imported for its functions: a `__main__.py`, a module
-named `main.py` or `cli.py`, and every runnable module under benchmarks/ (one with `if __name__ == "__main__":`).
-Other modules with a command (`python -m build.quantize`) are tools: libraries with a `main()` beside their
-functions, importing them for those functions is by design. A library module is every module that is not a
-command-line module; a library importing a command-line module ties the library to argument parsing, deadlines
-and exits that a caller did not ask for (issue 30: `make_engine` lived in `submission/main.py`).
+A command-line module is a module whose job is to be run: a `__main__.py`, or a module with a module-level
+`if __name__ == "__main__":` block, unless it is one of TOOLS, the runnable modules that are also imported for their
+functions by design (`build.quantize`'s `quantize`, `training.rft`'s `load_config`: libraries with a command line
+beside). Every other module is a library. Two rules follow:
+- a library imports no command-line module: that would tie it to argument parsing, deadlines and exits that its
+  caller did not ask for (issue 30: `make_engine` lived in `submission/main.py`);
+- a command-line module imports another one only for its entry (`main`, or `run` for parsed arguments: a
+  dispatcher, or a command that runs another in its process); whatever else they share belongs in a library.
+  `import x` and `from package import x` of a command-line module count as taking its entry (the walk does not
+  follow attribute use).
 """
 
 from __future__ import annotations
@@ -23,7 +28,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("build", "training", "submission", "sim", "conformance", "offline_wheels", "benchmarks")
-COMMAND_NAMES = ("__main__", "main", "cli")
+# runnable modules imported for their functions by design (see the module docstring); each entry must be runnable
+TOOLS = frozenset({
+    "build.bundle", "build.calibrate", "build.grid_vocab", "build.patch_eot", "build.pipeline", "build.prune",
+    "build.quantize", "build.tiny", "offline_wheels.lock", "sim.example_log", "submission.sandbox", "submission.score",
+    "training.dataset", "training.rft"})
+ENTRIES = frozenset({"main", "run"})  # what one command-line module may import from another
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -36,13 +46,16 @@ def kit_modules(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict
     return {module_name(p, root): p for package in packages for p in sorted((root / package).rglob("*.py"))}
 
 
-def imports_of(name: str, path: Path, modules: set[str]) -> set[str]:
-    """The kit modules `name` (at `path`) imports anywhere in its file, resolved as the module docstring says."""
+def imported_names(name: str, path: Path, modules: set[str]) -> dict[str, set[str]]:
+    """The kit modules `name` (at `path`) imports anywhere in its file, resolved as the module docstring says, each
+    with the names taken from it by `from ... import` (empty for a whole module: `import x`, `from package import
+    x`)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
+    found: dict[str, set[str]] = {}
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+            for alias in node.names:
+                found.setdefault(alias.name, set())
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[:len(package.split(".")) - node.level + 1]
@@ -50,8 +63,16 @@ def imports_of(name: str, path: Path, modules: set[str]) -> set[str]:
             else:
                 source = node.module or ""
             for alias in node.names:
-                found.add(f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source)
-    return {m for m in found if m in modules and m != name}  # a package naming itself (`from . import x`) is none
+                if f"{source}.{alias.name}" in modules:
+                    found.setdefault(f"{source}.{alias.name}", set())
+                else:
+                    found.setdefault(source, set()).add(alias.name)
+    return {m: names for m, names in found.items() if m in modules and m != name}  # `from . import x` names x only
+
+
+def imports_of(name: str, path: Path, modules: set[str]) -> set[str]:
+    """The kit modules `name` (at `path`) imports."""
+    return set(imported_names(name, path, modules))
 
 
 def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
@@ -122,11 +143,30 @@ def cycle_in(graph: dict[str, set[str]], component: set[str]) -> list[str]:
     raise AssertionError(f"{sorted(component)} is no cycle")
 
 
-def is_command(name: str, path: Path) -> bool:
-    """A command-line module, as the module docstring defines it."""
-    if path.stem in COMMAND_NAMES:
+def runnable(path: Path) -> bool:
+    """A `__main__.py`, or a module with a module-level `if __name__ == "__main__":` block."""
+    if path.name == "__main__.py":
         return True
-    return name.startswith("benchmarks.") and '__name__ == "__main__"' in path.read_text()
+    return any(isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+               and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"
+               and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in node.test.comparators)
+               for node in ast.parse(path.read_text(), str(path)).body)
+
+
+def command_import_problems(modules: dict[str, Path], tools: frozenset[str] = TOOLS) -> list[str]:
+    """Every import that breaks the two rules of the module docstring, as `importer -> imported`."""
+    commands = {name for name, path in modules.items() if runnable(path) and name not in tools}
+    found = []
+    for name, path in sorted(modules.items()):
+        for target, names in sorted(imported_names(name, path, set(modules)).items()):
+            if target not in commands:
+                continue
+            if name not in commands:
+                found.append(f"{name} -> {target} (a library importing a command-line module)")
+            elif names - ENTRIES:
+                found.append(f"{name} -> {target} ({', '.join(sorted(names - ENTRIES))}: a command-line module "
+                             "importing more than another's entry)")
+    return found
 
 
 def test_the_walk_resolves_every_kind_of_import(tmp_path):
@@ -153,13 +193,39 @@ def test_no_import_cycle():
     assert not found, "import cycles:\n" + "\n".join(found)
 
 
-def test_no_library_imports_a_command_line_module():
+def test_the_command_rules_on_a_package_written_here(tmp_path):
+    """The two rules on a package written here: a library importing a command, a command taking a helper from
+    another, and what passes: a dispatcher importing entries, a tool imported by a library."""
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    (kit / "__init__.py").write_text("")
+    main = 'def main():\n    pass\n\n\nif __name__ == "__main__":\n    main()\n'
+    (kit / "__main__.py").write_text("from kit.a import main\nfrom kit import b\nfrom kit.c import run\n")
+    (kit / "a.py").write_text("from kit.lib import helper\n" + main)
+    (kit / "b.py").write_text("from kit.a import main, helper\n" + main)
+    (kit / "c.py").write_text("def run():\n    from kit.tool import work\n" + main)
+    (kit / "tool.py").write_text("work = 1\n" + main)
+    (kit / "lib.py").write_text("from kit.tool import work\nhelper = 1\ndef f():\n    from kit.c import run\n")
+    modules = kit_modules(tmp_path, ("kit",))
+    assert command_import_problems(modules, frozenset({"kit.tool"})) == [
+        "kit.b -> kit.a (helper: a command-line module importing more than another's entry)",
+        "kit.lib -> kit.c (a library importing a command-line module)"]
+    assert command_import_problems(modules, frozenset()) == [
+        "kit.b -> kit.a (helper: a command-line module importing more than another's entry)",
+        "kit.c -> kit.tool (work: a command-line module importing more than another's entry)",
+        "kit.lib -> kit.c (a library importing a command-line module)",
+        "kit.lib -> kit.tool (a library importing a command-line module)"]
+
+
+def test_tools_are_runnable_modules():
+    """TOOLS names only runnable modules of the kit, so a stale entry cannot hide a command."""
     modules = kit_modules()
-    graph = import_graph(modules)
-    commands = {name for name, path in modules.items() if is_command(name, path)}
-    found = sorted(f"{name} -> {target}" for name, targets in graph.items() if name not in commands
-                   for target in sorted(targets & commands))
-    assert not found, "library modules importing command-line modules:\n" + "\n".join(found)
+    assert sorted(t for t in TOOLS if t not in modules or not runnable(modules[t])) == []
+
+
+def test_no_command_line_module_imported_but_to_run_it():
+    found = command_import_problems(kit_modules())
+    assert not found, "imports of command-line modules:\n" + "\n".join(found)
 
 
 def test_build_and_training_meet_only_in_the_build_chain():
