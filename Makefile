@@ -163,7 +163,7 @@ prune-demo: build-env
 	rm -rf $(PD) && mkdir -p $(PD)
 ifeq ($(TOPOLOGY),)
 	$(BPY) -m build.tiny --arch qwen3_moe --out $(PD)/model --max-shard-size 300KB
-	$(BPY) -m build.traces --model $(PD)/model --tasks $(ARC_DATA)/arc-agi-2/training --max-tasks 24 \
+	$(BPY) -m training.calibration_traces --model $(PD)/model --tasks $(ARC_DATA)/arc-agi-2/training --max-tasks 24 \
 	    --out $(PD)/traces.jsonl $(CORPUS_MIX_ARGS)
 	$(BPY) -m build.calibrate --model $(PD)/model --traces $(PD)/traces.jsonl --out $(PD)/stats.npz
 	$(BPY) -m build.experts --stats $(PD)/stats.npz --config build/lists-tiny.toml --out $(PD)/lists
@@ -171,7 +171,7 @@ ifeq ($(TOPOLOGY),)
 	@echo "pruned checkpoint: $(PD)/pruned (provenance in $(PD)/pruned/pruning.json)"
 else
 	$(TIMED) $(BPY) -m build.tiny --topology $(TOPOLOGY) --out $(PD)/model
-	$(TIMED) $(BPY) -m build.traces --model $(PD)/model --tasks $(ARC_DATA)/arc-agi-2/training --max-tasks 4 \
+	$(TIMED) $(BPY) -m training.calibration_traces --model $(PD)/model --tasks $(ARC_DATA)/arc-agi-2/training --max-tasks 4 \
 	    --thinking 0 --out $(PD)/traces.jsonl $(CORPUS_MIX_ARGS)
 	$(TIMED) $(BPY) -m build.calibrate --model $(PD)/model --traces $(PD)/traces.jsonl --out $(PD)/stats.npz
 	$(TIMED) $(BPY) -m build.experts --stats $(PD)/stats.npz --config build/lists.toml --out $(PD)/lists

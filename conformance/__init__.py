@@ -200,10 +200,7 @@ def _verdict(where: str, row: Row, value: Any) -> list[str]:
 
 def _deciding_rule(recipe: Recipe, module: str) -> int | None:
     """The index of the rule that gives `module` its scheme (the first that applies, as Recipe.scheme_for)."""
-    for i, rule in enumerate(recipe.rules):
-        if Recipe(recipe.name, (dataclasses.replace(rule, scheme="?"),)).scheme_for(module) == "?":
-            return i
-    return None
+    return next((i for i, rule in enumerate(recipe.rules) if rule.applies(module)), None)
 
 
 def missing_lines(table: Table, study_text: str) -> list[str]:
