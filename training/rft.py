@@ -316,7 +316,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, type=Path)
     parser.add_argument("--merge", action="store_true")
     args = parser.parse_args(argv)
-    config = load_config(args.config)
+    try:
+        config = load_config(args.config)
+    except strict_toml.TomlError as err:  # a bad config: one line naming the file and key, exit 2 like argparse
+        print(f"python -m training.rft: {err}", file=sys.stderr)
+        return 2
     if args.merge:
         print(merge(config))
         return 0
