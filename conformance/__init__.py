@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from build.quantize import Recipe, load_recipe
+from submission import strict_toml
 from submission.config import PROFILES, _toml_value, load_profile, read_profile
 from submission.grid.config import load_grid_profile
 
@@ -42,7 +42,7 @@ STUDY = ROOT.parent / "shared" / "design" / "STUDY.md"  # the study's passages, 
 ROW_KEYS = {"study", "unstated", "kit", "seed", "spec", "departure", "note", "module", "nearest", "kit_setting"}
 
 
-class TableError(ValueError):
+class TableError(strict_toml.TomlError):
     """A table that cannot be read; the message names the file and the row."""
 
 
@@ -102,10 +102,7 @@ def _row(setting: str, raw: Any, where: str) -> Row:
 
 def load_table(path: str | Path) -> Table:
     path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as err:
-        raise TableError(f"{path}: cannot read the table: {err}") from None
+    raw = strict_toml.read(path, TableError)
     if ("profile" in raw) == ("config" in raw):
         raise TableError(f"{path}: name exactly one of profile (a shipped profile) and config (a training config)")
     rows, recipe, features = [], [], []
