@@ -30,6 +30,7 @@ from training.corpus.dsl import Program
 
 N_PAIRS = 6
 MIN_WRONG = 2
+SHORTCUT_TRIES = 8  # test pairs make_task tries, best first, for one that no shortcut solver solves
 REASONS = ("accepted", "shape", "weak_test", "replay", "immaterial", "stage", "invisible", "not_separated", "shortcut")
 
 Pair = tuple[np.ndarray, np.ndarray]
@@ -107,8 +108,9 @@ def make_task(program: Program, rng: np.random.Generator, probes: tuple[np.ndarr
     chosen greedily to separate the program from its dropped components, neutralised stages, rivals and one-node
     variants (each needs 2 wrong pairs); random scenes alone almost never do (measured: 0 of 40 tasks passed for four
     sample programs). The test pair is then the remaining scene that adds the most separation among those as
-    informative as the demonstrations (`difficulty.weak_test_pair`), the most informative on a tie; before, it was
-    the greedy's last, least informative choice. The gate still judges the result on its own."""
+    informative as the demonstrations (`difficulty.weak_test_pair`), the most informative on a tie, and no shortcut
+    solver's answer if one of the best SHORTCUT_TRIES is not; before, it was the greedy's last, least informative
+    choice. The gate still judges the result on its own."""
     candidates: list[Pair] = []
     seen = set()
     for _ in range(pool):
@@ -128,8 +130,10 @@ def make_task(program: Program, rng: np.random.Generator, probes: tuple[np.ndarr
             demos = [candidates[i] for i in chosen]
             fit = np.array([not difficulty.weak_test_pair(demos + [pair]) for pair in candidates])
             shown = np.array([difficulty.information(*pair) for pair in candidates])
-            order = np.lexsort((-np.arange(len(candidates)), shown, gain, fit & (gain >= 0)))
-            best = int(order[-1])  # the last of the sort: fit, most gain, most cells, earliest scene
+            order = np.lexsort((-np.arange(len(candidates)), shown, gain, fit & (gain >= 0)))[::-1]
+            # fit, most gain, most cells, earliest scene; the first that no shortcut solves (else the first)
+            best = next((int(i) for i in order[:SHORTCUT_TRIES]
+                         if not shortcuts.solved_by(demos, candidates[int(i)])), int(order[0]))
         else:
             best = int(np.argmax(gain))  # ties go to the earliest scene: deterministic for a seed
         chosen.append(best)
