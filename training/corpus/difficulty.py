@@ -107,9 +107,9 @@ def operations(program) -> int:
 
 
 def search_order(budget: int = SEARCH_BUDGET) -> list:
-    """The cheap solver's rules: every single rule of every family, fewest operations first (ties in family order,
-    then each family's own order), the first `budget` of them."""
-    ranked = [(operations(p), f, i, p) for f, family in enumerate(rules.FAMILIES)
+    """The cheap solver's rules: every single rule of every family, fewest operations first, the families taken in
+    turn within one operation count (each in its own order), the first `budget` of them."""
+    ranked = [(operations(p), i, f, p) for f, family in enumerate(rules.FAMILIES)
               for i, p in enumerate(rules.all_programs(family))]
     return [p for *_, p in sorted(ranked, key=lambda t: t[:3])][:budget]
 
