@@ -35,9 +35,12 @@ FAMILIES = tuple(LEAVES)
 # connect rule runs only where two points face each other along its axes (a diagonal rule on about half its scenes)
 TYPED_PROBES = {family_count.FAMILY: 16, family_symmetry.FAMILY: 64, family_rays.FAMILY: 16, family_gravity.FAMILY: 16,
                 family_connect.FAMILY: 32, family_recolour.FAMILY: 16}
-# panel inputs per ordered pair of families (half side by side, half stacked): a PARALLEL of two rays rules is
-# valid on about 40 of them (measured at 48 per pair: 55-59), above admission's 16; 49 x 32 = 1,568 slots
-PANEL_PROBES = 32
+# panel inputs per ordered pair of families (half side by side, half stacked). 32 per pair was enough for the four
+# first families (a PARALLEL of two rays rules valid on about 40 slots); at seven families (49 pairs) 32 would triple
+# admission's panel work (tests/test_corpus_compose.py's resume test: 18 s -> 60 s at load 7-13), and at 20 a
+# PARALLEL of two rays rules is valid on 57-64 slots, of two count rules on 20-74, of connect and rays on 24-25, all
+# above admission's 16; 49 x 20 = 980 slots
+PANEL_PROBES = 20
 
 
 def from_dict(data, source: str = "rule"):
