@@ -13,8 +13,8 @@ from training.corpus.family_rays import Rays
 from training.corpus.family_recolour import Recolour
 
 # three rules among the cheap solver's first 300 (two operations each) and one beyond them (three)
-PROGRAMS = [Gravity("down", "object", "all"), Recolour("height", "unique", "erase", 4), Rays("horizontal", "wall", "hit"),
-            CountPack("single_cell", "square", "colour", 8)]
+PROGRAMS = [Gravity("down", "object", "all"), Recolour("height", "unique", "erase", 4),
+            Rays("horizontal", "wall", "hit"), CountPack("single_cell", "square", "colour", 8)]
 FAMILIES = sorted({p.family for p in PROGRAMS})
 
 

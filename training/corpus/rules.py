@@ -1,10 +1,10 @@
 """Any rule, of any family or composite: read it from JSON, run it, propose inputs for it, list a family's rules.
 
 The families (single rules) are select_mask_render (dsl.py, oracle.py, scenes.py), count_pack, symmetry_repair,
-rays, gravity, connect and recolour (family_*.py); compositions are sequential, select and parallel (compose.py). `probe_bank()` is admission's fixed
-bank: the shared bank of scenes.py (select-mask-render scenes and keyed noise), TYPED_PROBES[family] inputs of each
-other family's scene generator, then PANEL_PROBES panel inputs (panels.py) for each ordered pair of families, so every
-rule is measured on the same slots and on inputs of its own kind.
+rays, gravity, connect and recolour (family_*.py); compositions are sequential, select and parallel (compose.py).
+`probe_bank()` is admission's fixed bank: the shared bank of scenes.py (select-mask-render scenes and keyed noise),
+TYPED_PROBES[family] inputs of each other family's scene generator, then PANEL_PROBES panel inputs (panels.py) for
+each ordered pair of families, so every rule is measured on the same slots and on inputs of its own kind.
 """
 
 from __future__ import annotations
