@@ -130,10 +130,9 @@ def make_task(program: Program, rng: np.random.Generator, probes: tuple[np.ndarr
             demos = [candidates[i] for i in chosen]
             fit = np.array([not difficulty.weak_test_pair(demos + [pair]) for pair in candidates])
             shown = np.array([difficulty.information(*pair) for pair in candidates])
-            order = np.lexsort((-np.arange(len(candidates)), shown, gain, fit & (gain >= 0)))[::-1]
+            order = [int(i) for i in np.lexsort((-np.arange(len(candidates)), shown, gain, fit))[::-1] if gain[i] >= 0]
             # fit, most gain, most cells, earliest scene; the first that no shortcut solves (else the first)
-            best = next((int(i) for i in order[:SHORTCUT_TRIES]
-                         if not shortcuts.solved_by(demos, candidates[int(i)])), int(order[0]))
+            best = next((i for i in order[:SHORTCUT_TRIES] if not shortcuts.solved_by(demos, candidates[i])), order[0])
         else:
             best = int(np.argmax(gain))  # ties go to the earliest scene: deterministic for a seed
         chosen.append(best)
