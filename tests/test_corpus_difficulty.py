@@ -7,9 +7,10 @@ import doctest
 import numpy as np
 import pytest
 
-from training.corpus import difficulty, gate, oracle, rules, shortcuts
+from training.corpus import difficulty, gate, oracle, rules, scenes, shortcuts
 from training.corpus.dsl import MaskOp, SelectMaskRender, Selector
 from training.corpus.family_rays import Rays
+from training.corpus.family_recolour import Recolour
 
 # On the code before issue 32 both gave an accepted task whose test output was its input unchanged (seeds 0 and 1),
 # and HORIZONTAL one whose test pair showed 3 cells against at least 4 in every demonstration.
@@ -88,3 +89,22 @@ def test_a_stage_that_only_one_demonstration_and_the_test_pair_show_is_invisible
         "connectivity changes 1 demonstration outputs, fewer than 2"
     assert gate.judge_task(program, pairs, probes).reason == "invisible"
     assert gate.judge_task(program, hidden[:3] + shown[:3], probes).reason != "invisible"
+
+
+def test_a_stage_whose_whole_effect_is_one_cell_per_demonstration_is_invisible():
+    # erasing the other objects instead of keeping them changes one cell (the lone single cell) of each output
+    program = Recolour("size", "max", "erase", 4)
+    demos = []
+    for shift in range(5):
+        body = np.zeros((6, 6 + shift), dtype=np.int8)
+        body[0:2, 0:2] = 5
+        body[4, 3 + shift] = 6
+        x = scenes.with_key(body, 0, 3)
+        demos.append((x, rules.run(program, x)))
+    assert difficulty.invisible_stage(program, demos) == \
+        "others changes at most 1 cell of a demonstration, fewer than 2"
+    bigger = list(demos)
+    x = demos[0][0].copy()
+    x[2, 4:6] = 7  # another object, of two cells: erasing now changes three cells of this demonstration
+    bigger[0] = (x, rules.run(program, x))
+    assert difficulty.invisible_stage(program, bigger).startswith("connectivity")
