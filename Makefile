@@ -23,7 +23,7 @@ UPY       := $(UNSLOTH_VENV)/bin/python
 export ARC_DATA
 
 .PHONY: env engine-env build-env unsloth-env vllm-gpu-wheel grid-dry-run both-dry-run prune-demo wheels bundle kaggle-rehearsal train-rft train-grid \
-	test test-core conformance dry-run simulate demo corpus-demo bench clean
+	test test-core conformance dry-run simulate demo corpus-demo corpus-sample bench clean
 
 env: $(VENV)/.installed
 
@@ -241,6 +241,17 @@ corpus-demo: env
 	$(PY) -m training.corpus generate --rules 56 --depth 2 --tasks-per-rule 4 --tries 2 --seed 0 --workers 2 \
 	    --out $(CORPUS)
 	$(PY) -m training.corpus audit $(CORPUS) --arc-data $(ARC_DATA)
+
+# A 200-task sample of a fresh corpus (every family, depth 2), filtered by difficulty and ordered as a curriculum
+# (training/corpus/curriculum.py), then checked: no no-op or 1x1-only test pair, no stage the demonstrations do not
+# show, nothing beyond the filter (exit 1 on a finding). Killed, the generate step continues from its checkpoints.
+CORPUS_SAMPLE = $(OUT)/corpus-sample
+corpus-sample: env
+	$(PY) -m training.corpus generate --rules 64 --depth 2 --tasks-per-rule 3 --tries 2 --seed 1 --workers 2 \
+	    --out $(CORPUS_SAMPLE)/corpus
+	rm -rf $(CORPUS_SAMPLE)/sample
+	$(PY) -m training.corpus.curriculum sample --corpus $(CORPUS_SAMPLE)/corpus --out $(CORPUS_SAMPLE)/sample --tasks 200
+	$(PY) -m training.corpus.curriculum check $(CORPUS_SAMPLE)/sample
 
 # Every benchmark runs (each prints its ratios and targets); the verb fails at the end if any missed a target.
 MISSED = $(OUT)/bench-missed.txt
