@@ -12,6 +12,8 @@ import json
 import os
 import signal
 import struct
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -163,3 +165,17 @@ def test_a_worker_dying_mid_report_holds_up_no_other(grid_model, arc_data, tmp_p
     assert len(stats.lost) == 1 and stats.lost[0][0] == 0
     assert sorted(stats.done) == sorted(t.id for t in tasks.tasks)
     assert set(stats.by_worker.values()) == {1}
+
+
+def test_a_grid_run_in_process_leaves_no_watchdog_behind(grid_model, arc_data, tmp_path):
+    """training.corpus probe runs the solver in its own process (`submission.main.main(argv, watchdog=False)`), once
+    per panel: a grid profile must not arm a watchdog there, or `os._exit` (or SIGALRM) ends the caller after the run
+    returns (issue 30). The run here takes a 3 s deadline; the caller then lives past it and says so."""
+    argv = ["--tasks", str(arc_data / "arc-agi-2" / "evaluation"), "--max-tasks", "1", "--profile", "grid-tiny",
+            "--model", str(grid_model), "--out", str(tmp_path / "submission.json"), "--deadline", "3",
+            "--scale-schedule"]
+    script = ("import sys, time\nfrom submission.main import main\n"
+              f"status = main({argv!r}, watchdog=False)\nprint('returned', status, flush=True)\ntime.sleep(5)\n"
+              "print('still alive', flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
+    assert "still alive" in done.stdout, (done.returncode, done.stdout, done.stderr[-2000:])
