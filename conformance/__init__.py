@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from build.quantize import Recipe, load_recipe
-from submission.config import PROFILES, _toml_value, load_profile, read_profile
-from submission.grid.config import load_grid_profile
+from submission.profiles import load
+from submission.strict_toml import value as toml_value
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = ROOT / "docs" / "conformance"
@@ -144,8 +144,7 @@ def run_config(table: Table) -> Any:
         if not (ROOT / table.config).exists():
             raise TableError(f"{table.path}: config: {table.config} does not exist")
         return load_config(ROOT / table.config)
-    path, raw = read_profile(table.profile)
-    return load_grid_profile(path) if raw.get("line") == "grid" else load_profile(path)
+    return load(table.profile)
 
 
 def effective(table: Table) -> tuple[dict[str, Any], Recipe | None]:
@@ -172,7 +171,7 @@ def problems(table: Table, values: dict[str, Any], recipe: Recipe | None) -> lis
             out.append(f"{where}: {row.setting}: names no setting of the run")
             continue
         out += _verdict(where, row, values[row.setting])
-    out += [f"{where}: {s}: a setting without a row (the run has {_toml_value(v)})" for s, v in values.items()
+    out += [f"{where}: {s}: a setting without a row (the run has {toml_value(v)})" for s, v in values.items()
             if s not in rows]
     out += [f"{where}: {row.setting}: kit_setting {row.kit_setting!r} is no setting of the run"
             for row in table.features if row.kit_setting and row.kit_setting not in values]
@@ -188,13 +187,13 @@ def problems(table: Table, values: dict[str, Any], recipe: Recipe | None) -> lis
 def _verdict(where: str, row: Row, value: Any) -> list[str]:
     if row.study is None:
         return [] if same(row.kit, value) else [
-            f"{where}: {row.setting}: the table records the kit's {_toml_value(row.kit)}, the run has "
-            f"{_toml_value(value)}"]
+            f"{where}: {row.setting}: the table records the kit's {toml_value(row.kit)}, the run has "
+            f"{toml_value(value)}"]
     if same(row.study, value):
-        return [f"{where}: {row.setting}: matches the study ({_toml_value(value)}) but keeps a departure: remove "
+        return [f"{where}: {row.setting}: matches the study ({toml_value(value)}) but keeps a departure: remove "
                 "it"] if row.departure else []
     return [] if row.departure else [
-        f"{where}: {row.setting}: the study has {_toml_value(row.study)}, the run {_toml_value(value)}, and the row "
+        f"{where}: {row.setting}: the study has {toml_value(row.study)}, the run {toml_value(value)}, and the row "
         "gives no departure"]
 
 
@@ -247,7 +246,7 @@ the kit's own.
 
 
 def _cell(value: Any) -> str:
-    return _toml_value(value).replace("|", "\\|")
+    return toml_value(value).replace("|", "\\|")
 
 
 def _source(row: Row) -> str:

@@ -17,8 +17,8 @@ With `--reasoning-log` and a combined profile (`--both`, line = "both"), three f
 (common random numbers): all GPUs to the grid line (`--profile`), all GPUs to the reasoning line (the combined
 profile's reasoning profile, the solver's scheduler on the serving model `--serving`, default
 sim/serving_models/PROFILE.toml: sim.run), and the split (each line as the combined run starts it,
-submission.grid.both.line_configs with every override of the combined profile: `split_lines`; the reasoning line on
-the serving model scaled to its share of the GPUs, answers merged by submission.grid.merge). Tasks are drawn from those
+submission.profiles.line_configs with every override of the combined profile: `split_lines`; the reasoning line on
+the serving model scaled to its share of the GPUs, answers merged by submission.merge). Tasks are drawn from those
 both logs hold with labels, so each draw keeps how the two lines did on the same task. Approximate: the reasoning
 line's throughput and KV cache are taken as proportional to its GPUs (a TP2 engine on two L4s has less than half the
 KV cache of TP4 on four: its weights take twice the share per GPU, so the split is forecast optimistically for the
@@ -39,13 +39,13 @@ from sim.run import simulate
 from sim.serving import ServingModel, SharedEngine
 from submission.attempts import AttemptRecord, read_log
 from submission.config import Profile
-from submission.grid.both import MERGE_S, BothProfile, line_configs
-from submission.grid.config import GridProfile, load_grid_profile
-from submission.grid.merge import grid_candidates, merged_answers
+from submission.grid.config import GridProfile
 from submission.grid.queue import TaskQueue, task_cost
 from submission.grid.rescore import Candidate as GridCandidate
+from submission.merge import grid_candidates, merged_answers
+from submission.profiles import MERGE_S, BothProfile, line_configs, load_grid_profile
 from submission.schedule import InputInfo, ScheduleConfig
-from submission.solve import Candidates
+from submission.selection import Candidates
 from submission.tasks import Task, load_tasks
 
 
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def split_lines(both: BothProfile) -> tuple[Profile, GridProfile, float]:
-    """The combined run's two lines as the run starts them (submission.grid.both.line_configs, with its model,
+    """The combined run's two lines as the run starts them (submission.profiles.line_configs, with its model,
     tensor-parallel, worker and max_len overrides, at the lines' time limit: the run's less MERGE_S) and the reasoning
     line's share of the GPUs (its engine's tensor x pipeline parallel size against the grid line's workers)."""
     reasoning, grid = line_configs(both, both.time_limit_s - MERGE_S)
@@ -244,7 +244,7 @@ def print_comparison(args: argparse.Namespace, grid_all: GridProfile, tasks: dic
                      logged: list[LoggedTask], grid_records: list[AttemptRecord], rng: random.Random) -> int:
     from sim.scenario import SERVING_MODELS
     from sim.serving import load_serving
-    from submission.grid.both import load_both_profile
+    from submission.profiles import load_both_profile
 
     both = load_both_profile(args.both)
     reasoning, grid_split, share = split_lines(both)

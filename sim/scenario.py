@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from sim.serving import ServingModel, load_serving
-from submission.config import load_profile
+from submission.profiles import load_profile
 from submission.schedule import ScheduleConfig
 
 SERVING_MODELS = Path(__file__).resolve().parent / "serving_models"

@@ -36,11 +36,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from submission.bundle_files import MODEL_DIRS, split_parts
-from submission.config import Profile, ProfileError, load_profile
-from submission.grid import profile_line, profile_path
-from submission.grid.both import BothProfile, line_configs, load_both_profile
-from submission.grid.config import GridProfile, load_grid_profile
+from submission.config import Profile
+from submission.grid.config import GridProfile
 from submission.grid.format import VOCAB
+from submission.profiles import (BothProfile, ProfileError, line_configs, load_both_profile, load_grid_profile,
+                                 load_profile, path_of, profile_line)
 
 GIB = 2**30
 # CUDA 13 wheels (the kaggle-gpu locks: nvidia-cuda-runtime 13.x) need an R580 driver or newer (CUDA 13.0's minor-
@@ -354,7 +354,7 @@ def machine_stage(bundle: Path) -> list[Check]:
     line = profile_line(name)
     if line == "both":
         both = load_both_profile(name)
-        return both_machine_checks(both, line_configs(both), str(profile_path(name)), machine)
+        return both_machine_checks(both, line_configs(both), str(path_of(name)), machine)
     return machine_checks((load_grid_profile if line == "grid" else load_profile)(name), machine)
 
 
@@ -363,7 +363,7 @@ def full_stage(bundle: Path, work: Path) -> list[Check]:
     line = profile_line(facts.bundle_profile)
     if line == "both":
         both = load_both_profile(facts.bundle_profile)
-        return both_checks(both, line_configs(both), str(profile_path(facts.bundle_profile)), facts,
+        return both_checks(both, line_configs(both), str(path_of(facts.bundle_profile)), facts,
                            replace(facts, **model_facts(bundle, MODEL_DIRS[1])))
     return checks((load_grid_profile if line == "grid" else load_profile)(facts.bundle_profile), facts)
 

@@ -15,7 +15,7 @@ import pytest
 
 from conformance import (DOC, ROOT, STUDY, TABLES, TableError, effective, load_table, missing_lines, problems,
                          rehearsal_changes, render, tables)
-from submission.config import PROFILES
+from submission.profiles import PROFILES
 
 
 def combined(path: Path) -> bool:

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from submission.attempts import AttemptRecord, read_log
-from submission.grid.merge import merge_logs, merged_answers, merged_order
 from submission.grid.rescore import Candidate as GridCandidate
 from submission.grids import EMPTY_ANSWER
+from submission.merge import merge_logs, merged_answers, merged_order
 from submission.schedule import Level
 from submission.selection import Candidate, Source
 
@@ -60,8 +60,8 @@ def test_a_combined_run_writes_the_merge_of_both_lines(arc_data, tmp_path, repla
 
     from build.grid_vocab import cut
     from build.tiny import make_checkpoint
-    from submission.grid.config import grid_profile_to_toml, load_grid_profile
     from submission.grid.queue import task_cost
+    from submission.profiles import load_grid_profile, to_toml
     from submission.tasks import load_tasks
 
     # the two cheapest evaluation tasks, in a folder of their own (the run takes a folder's tasks by id)
@@ -86,7 +86,7 @@ def test_a_combined_run_writes_the_merge_of_both_lines(arc_data, tmp_path, repla
                    search=replace(grid.search, dihedrals=1, colour_perms=2, batch_s=2.0, preload=True),
                    rescore=replace(grid.rescore, views=1),
                    run=replace(grid.run, min_task_s=2.0, max_task_s=4.0))
-    (tmp_path / "grid.toml").write_text(grid_profile_to_toml(grid))
+    (tmp_path / "grid.toml").write_text(to_toml(grid))
     (tmp_path / "both.toml").write_text(
         f'line = "both"\npoll_s = 0.5\n[reasoning]\nprofile = "{replay}"\n'
         f'[grid]\nprofile = "{tmp_path / "grid.toml"}"\nworkers = ["cpu"]\nmodel = "{grid_model}"\n')
@@ -127,10 +127,8 @@ def test_a_combined_run_writes_the_merge_of_both_lines(arc_data, tmp_path, repla
 
 
 def test_shipped_combined_profiles_give_each_line_its_share(tmp_path):
-    from submission.config import ProfileError, load_profile
-    from submission.grid import is_grid_profile
-    from submission.grid.both import line_profiles, load_both_profile
-    from submission.grid.config import load_grid_profile
+    from submission.profiles import (ProfileError, is_grid_profile, line_profiles, load_both_profile, load_grid_profile,
+                                     load_profile)
 
     assert is_grid_profile("both-4xL4") and load_both_profile("both-tiny").grid.workers == ("cpu",)
     both = load_both_profile("both-4xL4")
@@ -145,7 +143,7 @@ def test_shipped_combined_profiles_give_each_line_its_share(tmp_path):
     # the commit run's rehearsal (--scale-schedule): both lines' margins and caps scaled to its deadline
     from dataclasses import replace
 
-    from submission.grid.both import line_configs
+    from submission.profiles import line_configs
 
     r, g = line_configs(load_both_profile("both-tiny"), 600.0, scale=True)
     assert r.schedule == load_profile("cpu-tiny").schedule.scaled(600.0) and r.schedule.cap_first_single == 192

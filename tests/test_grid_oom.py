@@ -11,8 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from submission.grid.config import load_grid_profile  # noqa: E402
 from submission.grid.queue import task_cost  # noqa: E402
+from submission.profiles import load_grid_profile  # noqa: E402
 from submission.tasks import load_tasks  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

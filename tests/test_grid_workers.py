@@ -23,8 +23,8 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from submission.attempts import read_log  # noqa: E402
-from submission.grid.config import load_grid_profile  # noqa: E402
 from submission.grid.queue import task_cost  # noqa: E402
+from submission.profiles import load_grid_profile  # noqa: E402
 from submission.tasks import TaskSet, load_tasks  # noqa: E402
 
 
@@ -177,5 +177,6 @@ def test_a_grid_run_in_process_leaves_no_watchdog_behind(grid_model, arc_data, t
     script = ("import sys, time\nfrom submission.main import main\n"
               f"status = main({argv!r}, watchdog=False)\nprint('returned', status, flush=True)\ntime.sleep(5)\n"
               "print('still alive', flush=True)\n")
-    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                          text=True, timeout=120)
     assert "still alive" in done.stdout, (done.returncode, done.stdout, done.stderr[-2000:])

@@ -23,7 +23,7 @@ from sim.run import LatencyEngine, simulate
 from sim.scenario import make_scenario, parse_counts, resolve
 from sim.serving import Job, ServingModel, SharedEngine, Trace, trace_from_windows
 from submission.attempts import AttemptRecord
-from submission.config import load_profile
+from submission.profiles import load_profile
 from submission.schedule import Level, Request
 from submission.tasks import load_tasks
 

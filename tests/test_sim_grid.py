@@ -9,10 +9,9 @@ import pytest
 
 from sim.grid import logged_tasks, main, one_run
 from submission.attempts import AttemptLog, AttemptRecord
-from submission.config import PROFILES
-from submission.grid.config import load_grid_profile
 from submission.grid.queue import task_cost
 from submission.grid.rescore import Candidate
+from submission.profiles import PROFILES, load_grid_profile
 from submission.schedule import Level
 from submission.tasks import load_tasks
 
@@ -83,7 +82,7 @@ def _both_logs(tasks):
 def test_the_split_merges_both_lines_on_the_same_drawn_tasks(tasks):
     from sim.grid import Split, compare
     from sim.serving import ServingModel
-    from submission.config import load_profile
+    from submission.profiles import load_profile
 
     grid_records, reasoning_records = _both_logs(tasks)
     by_id = {t.id: t for t in tasks}
@@ -124,8 +123,7 @@ def test_the_forecast_splits_the_machine_as_the_run_does(name, tmp_path):
     """The split sim.grid forecasts is the one the combined run starts: the profiles it writes for its lines
     (line_profiles) with the deadline each line is given (the run's less MERGE_S), every override applied."""
     from sim.grid import split_lines
-    from submission.config import load_profile
-    from submission.grid.both import MERGE_S, line_profiles, load_both_profile
+    from submission.profiles import MERGE_S, line_profiles, load_both_profile, load_profile
 
     both = load_both_profile(name)
     reasoning, grid, share = split_lines(both)

@@ -21,8 +21,7 @@ from submission.attempts import AttemptRecord
 from submission.grid.rescore import Candidate as GridCandidate
 from submission.grid.rescore import rank as grid_rank
 from submission.grids import EMPTY_ANSWER, Grid
-from submission.selection import Candidate, rank
-from submission.solve import Candidates
+from submission.selection import Candidate, Candidates, rank
 
 
 def merged_order(reasoning: Sequence[Candidate], grid_line: Sequence[GridCandidate]) -> list[Grid]:

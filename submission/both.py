@@ -1,17 +1,17 @@
 """Both lines in one run (issue 18, item 8): some GPUs to the reasoning line, the others to the grid line, one answer
-file chosen from both by `submission.grid.merge`.
+file chosen from both by `submission.merge`.
 
-    python -m submission.grid.both --tasks PATH --out submission.json --profile both-4xL4 [--deadline SECONDS]
-                                   [--reasoning-model DIR] [--grid-model DIR] [--reasoning-python PATH]
-                                   [--grid-python PATH] [--resume] [--solutions PATH] [--max-tasks N]
-                                   [--scale-schedule] [--heartbeat PATH]
+    python -m submission.both --tasks PATH --out submission.json --profile both-4xL4 [--deadline SECONDS]
+                              [--reasoning-model DIR] [--grid-model DIR] [--reasoning-python PATH]
+                              [--grid-python PATH] [--resume] [--solutions PATH] [--max-tasks N]
+                              [--scale-schedule] [--heartbeat PATH]
 
 `python -m submission.main --profile both-4xL4` runs this too (with the profile's models and this interpreter;
 the interpreters are options because on CPU the lines live in different environments, vLLM's and PEFT's). A combined
-profile (`line = "both"`, e.g. profiles/both-4xL4.toml) names each line's own profile and gives each its share of the
-machine: the reasoning line's engine sees only `reasoning.devices` (CUDA_VISIBLE_DEVICES; tensor parallelism
-`reasoning.tensor_parallel_size`), the grid line's workers run on `grid.workers` among the GPUs `grid.devices` makes
-visible. Each line runs as it does alone, in its own process (its own watchdog, deadline, log and answer file under
+profile (`line = "both"`, e.g. profiles/both-4xL4.toml; submission.profiles.BothProfile) names each line's own
+profile and gives each its share of the machine: the reasoning line's engine sees only `reasoning.devices`
+(CUDA_VISIBLE_DEVICES; tensor parallelism `reasoning.tensor_parallel_size`), the grid line's workers run on
+`grid.workers` among the GPUs `grid.devices` makes visible. Each line runs as it does alone, in its own process (its own watchdog, deadline, log and answer file under
 OUT_DIR/reasoning and OUT_DIR/grid, `--resume` passed on); this process is the one writer of `--out`: it re-reads
 both logs whenever one grows (every `poll_s`) and rewrites the merged answers, atomically, so the answer file is
 complete and valid throughout. The lines' time limit is MERGE_S short of the run's, so their shutdowns end before the
@@ -33,102 +33,27 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
+from submission import cli
 from submission.answers import AnswerFile, render_submission
 from submission.attempts import read_log
-from submission.config import Profile, ProfileError, _build, load_profile, profile_to_toml, read_profile
-from submission.grid.config import GridProfile, grid_profile_to_toml, load_grid_profile
 from submission.heartbeat import HeartbeatError, HeartbeatWriter, combine, path_for_log, read
-from submission.score import score
-from submission.tasks import LoadError
+from submission.merge import merge_logs
+from submission.profiles import MERGE_S, BothProfile, ProfileError, line_profiles, load_both_profile
+from submission.tasks import LoadError, TaskSet
 
-REPO = Path(__file__).resolve().parents[2]
-MERGE_S = 15.0  # the lines' time limit is this much shorter than the run's: room for their shutdown and the merge
-
-
-@dataclass(frozen=True)
-class ReasoningShare:
-    profile: str = "dense-27b-4xL4"  # the reasoning line's own profile (name or path)
-    model: str = ""  # overrides engine.model
-    devices: str = ""  # CUDA_VISIBLE_DEVICES of its process ("" = as inherited)
-    tensor_parallel_size: int = 0  # 0 = the profile's own
-
-
-@dataclass(frozen=True)
-class GridShare:
-    profile: str = "grid-4b-4xL4"
-    model: str = ""  # overrides model.path
-    devices: str = ""  # CUDA_VISIBLE_DEVICES of its process ("" = as inherited)
-    workers: tuple[str, ...] = ()  # overrides run.devices (one worker each); () = the profile's own
-    max_len: tuple[int, ...] = ()  # overrides run.max_len; () = the profile's own
-
-
-@dataclass(frozen=True)
-class BothProfile:
-    name: str = "both"
-    line: str = "both"
-    time_limit_s: float = 12 * 3600  # both lines get it (--deadline overrides); each keeps its own margins
-    poll_s: float = 2.0  # how often the logs are looked at
-    reasoning: ReasoningShare = field(default_factory=ReasoningShare)
-    grid: GridShare = field(default_factory=GridShare)
-
-
-def load_both_profile(name_or_path: str | Path) -> BothProfile:
-    path, raw = read_profile(name_or_path, line="both")
-    return _build(BothProfile, raw, str(path))
-
-
-def line_configs(both: BothProfile, time_limit_s: float | None = None,
-                 scale: bool = False) -> tuple[Profile, GridProfile]:
-    """The two lines' profiles with their shares of the machine applied and, given `time_limit_s`, the run's time
-    limit (`scale`: their margins and caps scaled to it, as --scale-schedule does for one line). Preflight checks
-    each line's share with these."""
-    reasoning = load_profile(both.reasoning.profile)
-    engine = reasoning.engine
-    if both.reasoning.model:
-        engine = replace(engine, model=both.reasoning.model)
-    if both.reasoning.tensor_parallel_size:
-        engine = replace(engine, tensor_parallel_size=both.reasoning.tensor_parallel_size)
-    schedule = reasoning.schedule
-    if time_limit_s is not None:
-        schedule = schedule.scaled(time_limit_s) if scale else replace(schedule, time_limit_s=time_limit_s)
-    reasoning = replace(reasoning, name=f"{both.name}-reasoning", engine=engine, schedule=schedule)
-    grid = load_grid_profile(both.grid.profile)
-    run = grid.run
-    if time_limit_s is not None:
-        run = run.scaled(time_limit_s) if scale else replace(run, time_limit_s=time_limit_s)
-    if both.grid.workers:
-        run = replace(run, devices=both.grid.workers)
-    if both.grid.max_len:
-        run = replace(run, max_len=both.grid.max_len)
-    model = replace(grid.model, path=both.grid.model) if both.grid.model else grid.model
-    return reasoning, replace(grid, name=f"{both.name}-grid", model=model, run=run)
-
-
-def line_profiles(both: BothProfile, time_limit_s: float, scale: bool = False) -> tuple[str, str]:
-    """The two lines' profiles as TOML (line_configs), each line's copy in its folder."""
-    reasoning, grid = line_configs(both, time_limit_s, scale)
-    return profile_to_toml(reasoning), grid_profile_to_toml(grid)
+REPO = Path(__file__).resolve().parents[1]
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m submission.grid.both", description=__doc__.split("\n\n")[0])
-    p.add_argument("--tasks", required=True, type=Path, help="task directory, task file or Kaggle challenges")
-    p.add_argument("--out", required=True, type=Path, help="the merged answer file (submission.json)")
-    p.add_argument("--profile", default="both-tiny", help="combined profile name or TOML path (line = \"both\")")
-    p.add_argument("--deadline", type=float, help="time limit in seconds from now")
-    p.add_argument("--scale-schedule", action="store_true",
-                   help="scale both lines' margins and caps to --deadline (the commit run's rehearsal)")
+    p = cli.parser("python -m submission.both", __doc__, "both-tiny",
+                   out_help="the merged answer file (submission.json)", heartbeat_help="the run's heartbeat file for boot's supervisor (default: none)")
     p.add_argument("--reasoning-model", help="overrides reasoning.model")
     p.add_argument("--grid-model", help="overrides grid.model")
     p.add_argument("--reasoning-python", default=sys.executable, help="the reasoning line's interpreter")
     p.add_argument("--grid-python", default=sys.executable, help="the grid line's interpreter")
-    p.add_argument("--resume", action="store_true", help="each line continues from its log")
-    p.add_argument("--solutions", type=Path, help="labels, to print the scores at the end")
-    p.add_argument("--max-tasks", type=int, help="only the first N tasks by id (demos)")
-    p.add_argument("--heartbeat", type=Path, help="the run's heartbeat file for boot's supervisor (default: none)")
     return p
 
 
@@ -143,18 +68,13 @@ def line_command(module: str, python: str, args: argparse.Namespace, folder: Pat
     return cmd
 
 
-def run(args: argparse.Namespace) -> int:
-    """The run for parsed arguments (shared with submission.main, whose other flags must be unset)."""
-    # here, not at the top: the merge needs numpy, and preflight's machine stage loads combined profiles from this
-    # module under Kaggle's bare Python, before the wheels are installed (issue 27)
-    from submission.grid.merge import merge_logs
-    from submission.main import run_tasks, start_watchdog
-
+def run(args: argparse.Namespace, armed: bool = True) -> int:
+    """The run for parsed arguments (shared with submission.main, whose other flags must be unset); `armed`: whether
+    the watchdog is (submission.cli.watchdog, disarmed when the run returns)."""
     started = time.monotonic()
     if getattr(args, "model", None) or getattr(args, "log", None):
-        print("error: a combined run takes each line's model from its profile (or --reasoning-model, --grid-model) "
-              "and writes its logs under the answer file's folder (no --model, no --log)", file=sys.stderr)
-        return 2
+        return cli.refuse("a combined run takes each line's model from its profile (or --reasoning-model, "
+                          "--grid-model) and writes its logs under the answer file's folder (no --model, no --log)")
     try:
         both = load_both_profile(args.profile)
         if getattr(args, "reasoning_model", None):
@@ -164,17 +84,23 @@ def run(args: argparse.Namespace) -> int:
         limit = args.deadline or both.time_limit_s
         reasoning_toml, grid_toml = line_profiles(both, limit, bool(args.deadline)
                                                   and getattr(args, "scale_schedule", False))
-        tasks = run_tasks(args)
+        tasks = cli.run_tasks(args)
     except (ProfileError, LoadError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return cli.refuse(err)
     root = args.out.parent
     earlier = [root / n / "attempts.jsonl" for n in ("reasoning", "grid")]
     if not args.resume and any(log.exists() and log.stat().st_size for log in earlier):
         print(f"error: {root} holds the logs of an earlier run: pass --resume to continue it, or choose another "
               "--out folder", file=sys.stderr)
         return 2
-    stop_watchdog = start_watchdog(limit, limit - 4.0)  # the lines end MERGE_S earlier (module doc)
+    with cli.watchdog(limit, limit - 4.0, armed):  # the lines end MERGE_S earlier (module doc)
+        return run_lines(args, both, tasks, limit, started, reasoning_toml, grid_toml)
+
+
+def run_lines(args: argparse.Namespace, both: BothProfile, tasks: TaskSet, limit: float, started: float,
+              reasoning_toml: str, grid_toml: str) -> int:
+    """Both lines' processes, the merge at every poll, the exit status (the module doc)."""
+    root = args.out.parent
     root.mkdir(parents=True, exist_ok=True)
     heartbeat = HeartbeatWriter(getattr(args, "heartbeat", None))
     heartbeat.beat("loading")
@@ -226,7 +152,6 @@ def run(args: argparse.Namespace) -> int:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        stop_watchdog()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
         heartbeat.beat("done")
@@ -237,9 +162,7 @@ def run(args: argparse.Namespace) -> int:
     if labels:
         for name, path in (("reasoning line", root / "reasoning" / "submission.json"),
                            ("grid line", root / "grid" / "submission.json"), ("both", args.out)):
-            report = score(load_answers(path, answers.test_counts), labels)
-            print(f"score ({name}): task-weighted {report.task_weighted:.2f}, "
-                  f"input-weighted {report.input_weighted:.2f}")
+            print(cli.score_line(load_answers(path, answers.test_counts), labels, name))
     if stopping:  # a line already past its own handler (shutting down after its last task) dies of the signal
         return 143 if all(code in (0, 128 + signal.SIGTERM, -signal.SIGTERM) for code in codes.values()) else 1
     return 0 if all(code == 0 for code in codes.values()) else 1
