@@ -73,8 +73,8 @@ def logged_tasks(records: list[AttemptRecord], tasks: dict[str, Task]) -> list[L
         if task.test_outputs is not None:
             hits = {r.test_index for r in group if r.grid is not None and r.grid == task.test_outputs[r.test_index]}
             right = len(hits) / len(task.test_inputs)
-        used = sum(detail["stage_s"].values()) / max(detail["time_limit_s"], 1e-9)
-        out.append(LoggedTask(task_id, task_cost(task), min(used, 1.0), right, detail["stage_s"]))
+        used = sum(detail.stage_s.values()) / max(detail.time_limit_s, 1e-9)
+        out.append(LoggedTask(task_id, task_cost(task), min(used, 1.0), right, detail.stage_s))
     return out
 
 
@@ -211,24 +211,30 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--reasoning-log and --both go together")
     profile = load_grid_profile(args.profile)
     tasks = {t.id: t for t in load_tasks(args.tasks, args.solutions).tasks}
-    logged = logged_tasks([r for path in args.log for r in read_log(path)], tasks)
+    records = [r for path in args.log for r in read_log(path)]
+    logged = logged_tasks(records, tasks)
     if not logged:
         print(f"error: {', '.join(map(str, args.log))}: no grid-line records for these tasks", file=sys.stderr)
         return 2
     rng = random.Random(args.seed)
     if args.both:
-        return print_comparison(args, profile, tasks, logged, [r for path in args.log for r in read_log(path)], rng)
+        return print_comparison(args, profile, tasks, logged, records, rng)
     runs = [one_run(logged, profile, args.hidden_tasks, rng) for _ in range(args.runs)]
-    scores = sorted(r.score for r in runs)
-    low, high = scores[int(0.05 * (len(scores) - 1))], scores[int(0.95 * (len(scores) - 1))]
     print(f"{len(logged)} logged tasks, {args.runs} runs of {args.hidden_tasks} tasks on {len(profile.run.devices)} "
           f"workers ({profile.name})")
-    print(f"forecast score {statistics.mean(scores):.2f} (5-95%: {low:.2f}-{high:.2f}); answered by the deadline "
+    print(f"forecast score {spread([r.score for r in runs])}; answered by the deadline "
           f"{statistics.mean(r.answered for r in runs):.1f} of {args.hidden_tasks}")
     stages = sorted({k for t in logged for k in t.stage_s})
     print("logged seconds by stage (mean per task): " + ", ".join(
         f"{k} {statistics.mean(t.stage_s.get(k, 0.0) for t in logged):.1f}" for k in stages))
     return 0
+
+
+def spread(scores: list[float]) -> str:
+    """Simulated runs' scores as printed: the mean and the 5th to 95th percentile."""
+    ranked = sorted(scores)
+    low, high = ranked[int(0.05 * (len(ranked) - 1))], ranked[int(0.95 * (len(ranked) - 1))]
+    return f"{statistics.mean(ranked):.2f} (5-95%: {low:.2f}-{high:.2f})"
 
 
 def split_lines(both: BothProfile) -> tuple[Profile, GridProfile, float]:
@@ -263,9 +269,7 @@ def print_comparison(args: argparse.Namespace, grid_all: GridProfile, tasks: dic
     for name, value in (("all GPUs to the grid line", lambda c: c.grid_only),
                         ("all GPUs to the reasoning line", lambda c: c.reasoning_only),
                         (f"the split, answers merged ({both.name})", lambda c: c.both)):
-        scores = sorted(value(c) for c in runs)
-        low, high = scores[int(0.05 * (len(scores) - 1))], scores[int(0.95 * (len(scores) - 1))]
-        print(f"{name}: forecast score {statistics.mean(scores):.2f} (5-95%: {low:.2f}-{high:.2f})")
+        print(f"{name}: forecast score {spread([value(c) for c in runs])}")
     return 0
 
 

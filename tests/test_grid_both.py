@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from submission.attempts import AttemptRecord, read_log
+from submission.attempts import AttemptRecord, GridDetail, read_log
 from submission.grid.rescore import Candidate as GridCandidate
 from submission.grids import EMPTY_ANSWER
 from submission.merge import merge_logs, merged_answers, merged_order
@@ -44,10 +44,10 @@ def test_merge_logs_takes_each_lines_records_and_a_redone_tasks_last_candidates(
     reasoning = [AttemptRecord("t", 0, 1, Level.FIRST, 0, 100, grid=C),
                  AttemptRecord("other", 0, 1, Level.FIRST, 0, 100, grid=C)]  # not in this run's tasks
     grid_line = [AttemptRecord("t", 1, 1, Level.FIRST, 0, 0, grid=A,
-                               grid_line={"candidates": [GridCandidate(A, 1, 0.5).to_json()]}),
+                               grid_line=GridDetail(candidates=(GridCandidate(A, 1, 0.5).to_json(),))),
                  AttemptRecord("t", 1, 1, Level.FIRST, 0, 0, grid=B,  # the task redone after a kill
-                               grid_line={"candidates": [GridCandidate(B, 0, 0.5).to_json()]}),
-                 AttemptRecord("t", 1, 2, Level.SECOND, 0, 0, grid=B, grid_line={"worker": 0})]
+                               grid_line=GridDetail(candidates=(GridCandidate(B, 0, 0.5).to_json(),))),
+                 AttemptRecord("t", 1, 2, Level.SECOND, 0, 0, grid=B, grid_line=GridDetail(worker=0))]
     assert merge_logs({"t": 2}, reasoning, grid_line) == {("t", 0): (C, EMPTY_ANSWER), ("t", 1): (B, EMPTY_ANSWER)}
 
 
@@ -116,7 +116,7 @@ def test_a_combined_run_writes_the_merge_of_both_lines(arc_data, tmp_path, repla
     first = tasks[0]
     for index, label in enumerate(first.test_outputs):
         found = [r for r in grid_log if r.attempt == 1 and r.task_id == first.id and r.test_index == index]
-        if any(c["hits"] for c in found[-1].grid_line["candidates"]):
+        if any(c["hits"] for c in found[-1].grid_line.candidates):
             continue  # the random model found an answer in a view: it ranks before the reasoning grids (tier 2)
         # the reasoning line's right grid first, the grid line's fallback answer second: both lines in one slot
         assert answer[first.id][index]["attempt_1"] == [list(row) for row in label]

@@ -97,8 +97,8 @@ def test_the_trainings_report_reaches_the_attempt_log_and_its_lines_name_the_tas
         log.append(record)
     log.close()
     detail = next(r for r in read_log(tmp_path / "attempts.jsonl") if r.attempt == 1).grid_line
-    assert (detail["ttt_planned"], detail["ttt_steps"], detail["ttt_skipped"]) == (3, 3, 0)
-    assert detail["ttt_checkpointing"] is True and detail["ttt_oom_retries"] == 1
+    assert (detail.ttt_planned, detail.ttt_steps, detail.ttt_skipped) == (3, 3, 0)
+    assert detail.ttt_checkpointing is True and detail.ttt_oom_retries == 1
     training = [line for line in lines if "ttt:" in line]
     assert any("checkpointing off" in line for line in training) and any("retried" in line for line in training)
     assert all(line.startswith(f"task {task.id}: ttt: ") for line in training), training

@@ -171,3 +171,29 @@ def test_a_budget_table_that_does_not_line_up_is_refused_by_name(bad, message, t
     (tmp_path / "bad.toml").write_text(f'line = "grid"\n[run]\n{lines}\n')
     with pytest.raises(ProfileError, match=rf"bad.toml.*{message}"):
         load_grid_profile(tmp_path / "bad.toml")
+
+
+def test_the_grid_detail_of_a_record_reads_and_writes_the_logs_keys_and_refuses_unknown_ones():
+    """The grid line's part of an attempt record is typed (submission.attempts.GridDetail, issue 30) but its JSON is
+    the log's as before: attempt 1 with every key in the order the workers wrote them, attempt 2 with `worker`
+    alone; a log from before the training's report (no ttt_checkpointing, ttt_oom_retries, ttt_skipped) still
+    reads; a misspelt key is refused by name."""
+    import json
+
+    from submission.attempts import AttemptRecord, GridDetail
+
+    first = {"worker": 1, "time_limit_s": 1200.0, "stage_s": {"ttt": 400.0, "search": 500.0, "rescore": 100.0},
+             "ttt_steps": 30, "ttt_planned": 32, "ttt_checkpointing": True, "ttt_oom_retries": 1, "ttt_skipped": 0,
+             "ttt_loss": [2.5, 0.75], "search_steps": 812, "complete": True,
+             "candidates": [{"grid": [[1, 2]], "hits": 3, "nll": 0.25}]}
+    base = {"task_id": "t", "test_index": 0, "level": 0, "seed": 0, "cap": 0}
+    for detail in (first, {"worker": 1}):
+        line = json.dumps({**base, "attempt": 1, "grid_line": detail})
+        record = AttemptRecord.from_json(json.loads(line))
+        assert isinstance(record.grid_line, GridDetail)
+        assert json.dumps(record.to_json()["grid_line"]) == json.dumps(detail)  # same keys, same order
+    older = {k: v for k, v in first.items() if k not in ("ttt_checkpointing", "ttt_oom_retries", "ttt_skipped")}
+    record = AttemptRecord.from_json({**base, "attempt": 1, "grid_line": older})
+    assert record.grid_line.ttt_loss == (2.5, 0.75) and record.grid_line.ttt_checkpointing is None
+    with pytest.raises(ValueError, match=r"grid_line: unknown fields \['ttt_skiped'\]"):
+        AttemptRecord.from_json({**base, "attempt": 1, "grid_line": {"worker": 0, "ttt_skiped": 1}})

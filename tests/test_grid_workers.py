@@ -78,7 +78,7 @@ def test_a_killed_worker_loses_nothing(grid_model, arc_data, tmp_path):
     records = read_log(tmp_path / "attempts.jsonl")
     assert len(records) == 2 * sum(len(t.test_inputs) for t in tasks.tasks)
     firsts = [r for r in records if r.attempt == 1]
-    assert all("candidates" in r.grid_line and "stage_s" in r.grid_line for r in firsts)
+    assert all(r.grid_line.candidates is not None and r.grid_line.stage_s is not None for r in firsts)
     assert all(r.grid is not None or r.parse_error for r in records)
     assert len(snapshots) >= 2 * len(tasks.tasks)
 

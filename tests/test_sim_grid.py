@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from sim.grid import logged_tasks, main, one_run
-from submission.attempts import AttemptLog, AttemptRecord
+from submission.attempts import AttemptLog, AttemptRecord, GridDetail
 from submission.grid.queue import task_cost
 from submission.grid.rescore import Candidate
 from submission.profiles import PROFILES, load_grid_profile
@@ -26,10 +26,10 @@ def _records(tasks):
     out = []
     for n, task in enumerate(tasks):
         for index, label in enumerate(task.test_outputs):
-            detail = {"time_limit_s": 2000.0, "stage_s": {"ttt": 800.0, "search": 700.0, "rescore": 300.0}}
+            detail = GridDetail(time_limit_s=2000.0, stage_s={"ttt": 800.0, "search": 700.0, "rescore": 300.0})
             out.append(AttemptRecord(task.id, index, 1, Level.FIRST, 0, 0, grid=((0,),), grid_line=detail))
             out.append(AttemptRecord(task.id, index, 2, Level.SECOND, 0, 0, grid=label if n % 2 == 0 else ((1,),),
-                                     grid_line={"worker": 0}))
+                                     grid_line=GridDetail(worker=0)))
     return out
 
 
@@ -68,10 +68,10 @@ def _both_logs(tasks):
     for n, task in enumerate(tasks):
         for index, label in enumerate(task.test_outputs):
             answer = label if n % 2 == 0 else ((1,),)
-            detail = {"time_limit_s": 2000.0, "stage_s": {"ttt": 800.0, "search": 700.0, "rescore": 300.0},
-                      "candidates": [Candidate(answer, 2 if n % 2 == 0 else 1, 0.5).to_json()]}
+            detail = GridDetail(time_limit_s=2000.0, stage_s={"ttt": 800.0, "search": 700.0, "rescore": 300.0},
+                                candidates=(Candidate(answer, 2 if n % 2 == 0 else 1, 0.5).to_json(),))
             grid.append(AttemptRecord(task.id, index, 1, Level.FIRST, 0, 0, grid=answer, grid_line=detail))
-            grid.append(AttemptRecord(task.id, index, 2, Level.SECOND, 0, 0, grid=answer, grid_line={"worker": 0}))
+            grid.append(AttemptRecord(task.id, index, 2, Level.SECOND, 0, 0, grid=answer, grid_line=GridDetail(worker=0)))
             for attempt in (1, 2):
                 reasoning.append(AttemptRecord(task.id, index, attempt, Level(attempt - 1), 0, 56000, natural=True,
                                                thinking_tokens=4000, answer_tokens=100, prompt_tokens=3000,
