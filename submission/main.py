@@ -39,11 +39,11 @@ def main(argv: list[str] | None = None, watchdog: bool = True, new_engine: NewEn
     if isinstance(profile, BothProfile):
         from submission.both import run as run_both_lines
 
-        return run_both_lines(args, watchdog)
+        return run_both_lines(args, profile, watchdog)
     if isinstance(profile, GridProfile):
         from submission.grid.main import run as run_grid_line
 
-        return run_grid_line(args, watchdog)
+        return run_grid_line(args, profile, watchdog)
     return run_reasoning_line(args, profile, new_engine, watchdog)
 
 

@@ -13,9 +13,9 @@ returns, never armed for in-process callers that pass `watchdog=False`). SIGTERM
 and ends with the answers so far. An attempt the engine fails is retried once; if the engine dies, its leftover
 processes are ended (GPU memory freed), a new engine starts in fresh processes and the running attempts go back to
 the queue; a second death, or a restart that fails, ends the run with every answer kept and exit status 1 (boot's
-supervisor then relaunches it with `--resume`, in new processes). The heartbeat file (`--heartbeat`, default: beside the log,
-attempts.heartbeat.json; submission/heartbeat.py) says at every loop iteration and phase change what the run is doing,
-for that supervisor to tell a hang or an endless engine start from a slow run.
+supervisor then relaunches it with `--resume`, in new processes). The heartbeat file (`--heartbeat`, default: beside
+the log, attempts.heartbeat.json; submission/heartbeat.py) says at every loop iteration and phase change what the run
+is doing, for that supervisor to tell a hang or an endless engine start from a slow run.
 At the hard stop (or on SIGTERM) every running attempt is aborted and logged as aborted (`finish = "aborted"`);
 `--resume` does not restore those, so a later run redoes them.
 """

@@ -71,7 +71,8 @@ def _both_logs(tasks):
             detail = GridDetail(time_limit_s=2000.0, stage_s={"ttt": 800.0, "search": 700.0, "rescore": 300.0},
                                 candidates=(Candidate(answer, 2 if n % 2 == 0 else 1, 0.5).to_json(),))
             grid.append(AttemptRecord(task.id, index, 1, Level.FIRST, 0, 0, grid=answer, grid_line=detail))
-            grid.append(AttemptRecord(task.id, index, 2, Level.SECOND, 0, 0, grid=answer, grid_line=GridDetail(worker=0)))
+            grid.append(AttemptRecord(task.id, index, 2, Level.SECOND, 0, 0, grid=answer,
+                                      grid_line=GridDetail(worker=0)))
             for attempt in (1, 2):
                 reasoning.append(AttemptRecord(task.id, index, attempt, Level(attempt - 1), 0, 56000, natural=True,
                                                thinking_tokens=4000, answer_tokens=100, prompt_tokens=3000,

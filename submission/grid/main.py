@@ -46,11 +46,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace, armed: bool = True) -> int:
-    """The run for parsed arguments (shared with submission.main, whose parser lacks the grid-only flags);
-    `armed`: whether the watchdog is (submission.cli.watchdog, disarmed when the run returns)."""
+def run(args: argparse.Namespace, profile: GridProfile, armed: bool = True) -> int:
+    """The run of `profile` for parsed arguments (shared with submission.main, whose parser lacks the grid-only
+    flags); `armed`: whether the watchdog is (submission.cli.watchdog, disarmed when the run returns)."""
     try:
-        profile: GridProfile = load_grid_profile(args.profile)
         if args.model:
             profile = replace(profile, model=replace(profile.model, path=str(args.model)))
         if getattr(args, "format", None):
@@ -63,7 +62,7 @@ def run(args: argparse.Namespace, armed: bool = True) -> int:
             profile = replace(profile, model=replace(profile.model, merge=True))
         profile = replace(profile, run=cli.with_deadline(profile.run, args))
         tasks = cli.run_tasks(args)
-    except (ProfileError, LoadError, ValueError) as err:
+    except (LoadError, ValueError) as err:
         return cli.refuse(err)
     if not profile.model.path:
         return cli.refuse(f"profile {profile.name}: model.path is empty; pass --model DIR")
@@ -129,7 +128,12 @@ def solve(args: argparse.Namespace, profile: GridProfile, tasks: TaskSet) -> int
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(parser().parse_args(argv))
+    args = parser().parse_args(argv)
+    try:
+        profile = load_grid_profile(args.profile)
+    except ProfileError as err:
+        return cli.refuse(err)
+    return run(args, profile)
 
 
 if __name__ == "__main__":
