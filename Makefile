@@ -125,7 +125,7 @@ both-dry-run: engine-env build-env
 	$(EPY) -m build.tiny --arch qwen3 --out $(OUT)/tiny-qwen3
 	$(BPY) -m build.tiny --arch qwen3 --out $(OUT)/tiny-qwen3-base
 	$(BPY) -m build.grid_vocab --model $(OUT)/tiny-qwen3-base --out $(OUT)/tiny-grid
-	$(EPY) -m submission.grid.both --tasks $(ARC_DATA)/arc-agi-2/evaluation --max-tasks 10 --profile both-tiny \
+	$(EPY) -m submission.both --tasks $(ARC_DATA)/arc-agi-2/evaluation --max-tasks 10 --profile both-tiny \
 	    --reasoning-model $(OUT)/tiny-qwen3 --grid-model $(OUT)/tiny-grid --reasoning-python $(EPY) \
 	    --grid-python $(BPY) --deadline 300 --out $(OUT)/both-dry-run/submission.json \
 	    --solutions $(ARC_DATA)/arc-agi-2/evaluation

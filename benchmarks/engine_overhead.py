@@ -137,7 +137,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=9, help="rounds of each configuration, interleaved")
     args = parser.parse_args()
     from build.tiny import make_checkpoint
-    from submission.config import load_profile
+    from submission.profiles import load_profile
 
     config = replace(load_profile("cpu-tiny-vllm").engine, max_num_seqs=args.requests)
     with tempfile.TemporaryDirectory() as folder:

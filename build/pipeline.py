@@ -26,8 +26,8 @@ from build.bundle import PLACEHOLDER_ID, bundle, choose_dataset_id, upload_advic
 from build.patch_eot import PATCH_KEY, patch
 from build.prune import prune
 from build.quantize import calibrated_scales, quantize
-from submission.grid import profile_line
 from submission.kaggle_mounts import COMPETITION
+from submission.profiles import profile_line
 
 
 def run(profile: str, target: str, out: Path, model: Path | None = None, expert_list: Path | None = None,
@@ -95,18 +95,15 @@ def build_plan(profile: str):
     """The [build] section that steers the steps: the profile's own; a combined profile's reasoning line profile's
     (its grid model goes in as it is), refused when its grid line profile names other wheels (one bundle installs
     one set)."""
-    from submission.config import load_profile
-    from submission.grid import profile_path
-    from submission.grid.both import line_configs, load_both_profile
-    from submission.grid.config import load_grid_profile
+    from submission.profiles import line_configs, load, load_both_profile, path_of
 
     line = profile_line(profile)
     if line != "both":
-        return (load_grid_profile if line == "grid" else load_profile)(profile).build
+        return load(profile).build
     both = load_both_profile(profile)
     reasoning, grid = line_configs(both)
     if reasoning.build.target != grid.build.target:
-        raise ValueError(f"{profile_path(profile)}: reasoning.profile {both.reasoning.profile} builds for target "
+        raise ValueError(f"{path_of(profile)}: reasoning.profile {both.reasoning.profile} builds for target "
                          f"{reasoning.build.target!r}, grid.profile {both.grid.profile} for {grid.build.target!r}: "
                          f"one bundle installs one set of wheels")
     return reasoning.build

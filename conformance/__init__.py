@@ -32,8 +32,7 @@ from typing import Any
 
 from build.quantize import Recipe, load_recipe
 from submission import strict_toml
-from submission.config import PROFILES, _toml_value, load_profile, read_profile
-from submission.grid.config import load_grid_profile
+from submission.profiles import load
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = ROOT / "docs" / "conformance"
@@ -141,8 +140,7 @@ def run_config(table: Table) -> Any:
         if not (ROOT / table.config).exists():
             raise TableError(f"{table.path}: config: {table.config} does not exist")
         return load_config(ROOT / table.config)
-    path, raw = read_profile(table.profile)
-    return load_grid_profile(path) if raw.get("line") == "grid" else load_profile(path)
+    return load(table.profile)
 
 
 def effective(table: Table) -> tuple[dict[str, Any], Recipe | None]:
@@ -169,7 +167,7 @@ def problems(table: Table, values: dict[str, Any], recipe: Recipe | None) -> lis
             out.append(f"{where}: {row.setting}: names no setting of the run")
             continue
         out += _verdict(where, row, values[row.setting])
-    out += [f"{where}: {s}: a setting without a row (the run has {_toml_value(v)})" for s, v in values.items()
+    out += [f"{where}: {s}: a setting without a row (the run has {strict_toml.value(v)})" for s, v in values.items()
             if s not in rows]
     out += [f"{where}: {row.setting}: kit_setting {row.kit_setting!r} is no setting of the run"
             for row in table.features if row.kit_setting and row.kit_setting not in values]
@@ -185,13 +183,13 @@ def problems(table: Table, values: dict[str, Any], recipe: Recipe | None) -> lis
 def _verdict(where: str, row: Row, value: Any) -> list[str]:
     if row.study is None:
         return [] if same(row.kit, value) else [
-            f"{where}: {row.setting}: the table records the kit's {_toml_value(row.kit)}, the run has "
-            f"{_toml_value(value)}"]
+            f"{where}: {row.setting}: the table records the kit's {strict_toml.value(row.kit)}, the run has "
+            f"{strict_toml.value(value)}"]
     if same(row.study, value):
-        return [f"{where}: {row.setting}: matches the study ({_toml_value(value)}) but keeps a departure: remove "
+        return [f"{where}: {row.setting}: matches the study ({strict_toml.value(value)}) but keeps a departure: remove "
                 "it"] if row.departure else []
     return [] if row.departure else [
-        f"{where}: {row.setting}: the study has {_toml_value(row.study)}, the run {_toml_value(value)}, and the row "
+        f"{where}: {row.setting}: the study has {strict_toml.value(row.study)}, the run {strict_toml.value(value)}, and the row "
         "gives no departure"]
 
 
@@ -241,7 +239,7 @@ the kit's own.
 
 
 def _cell(value: Any) -> str:
-    return _toml_value(value).replace("|", "\\|")
+    return strict_toml.value(value).replace("|", "\\|")
 
 
 def _source(row: Row) -> str:

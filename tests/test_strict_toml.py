@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from submission import strict_toml
-from submission.config import Profile, load_profile, profile_to_toml
+from submission.config import Profile
+from submission.profiles import load_profile, to_toml
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def test_round_trip_booleans_tuples_and_sections():
 
 def test_a_shipped_profile_round_trips():
     profile = load_profile("cpu-tiny")
-    assert strict_toml.build(Profile, tomllib.loads(profile_to_toml(profile)), "copy") == profile
+    assert strict_toml.build(Profile, tomllib.loads(to_toml(profile)), "copy") == profile
 
 
 def test_a_tuple_field_wants_an_array_of_its_element_type():
