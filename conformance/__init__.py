@@ -189,8 +189,8 @@ def _verdict(where: str, row: Row, value: Any) -> list[str]:
         return [f"{where}: {row.setting}: matches the study ({strict_toml.value(value)}) but keeps a departure: remove "
                 "it"] if row.departure else []
     return [] if row.departure else [
-        f"{where}: {row.setting}: the study has {strict_toml.value(row.study)}, the run {strict_toml.value(value)}, and the row "
-        "gives no departure"]
+        f"{where}: {row.setting}: the study has {strict_toml.value(row.study)}, the run {strict_toml.value(value)}, "
+        "and the row gives no departure"]
 
 
 def _deciding_rule(recipe: Recipe, module: str) -> int | None:
