@@ -248,7 +248,7 @@ def split_lines(both: BothProfile) -> tuple[Profile, GridProfile, float]:
 
 def print_comparison(args: argparse.Namespace, grid_all: GridProfile, tasks: dict[str, Task],
                      logged: list[LoggedTask], grid_records: list[AttemptRecord], rng: random.Random) -> int:
-    from sim.scenario import SERVING_MODELS
+    from sim.scenario import SERVING_MODELS, for_profile
     from sim.serving import load_serving
     from submission.profiles import load_both_profile
 
@@ -259,7 +259,9 @@ def print_comparison(args: argparse.Namespace, grid_all: GridProfile, tasks: dic
     if not joint:
         print("error: no task is in both lines' logs", file=sys.stderr)
         return 2
-    serving = load_serving(args.serving or SERVING_MODELS / f"{Path(both.reasoning.profile).stem}.toml")
+    # with the line's chunked-prefill budget and draft tokens, as a forecast has them
+    serving = for_profile(load_serving(args.serving or SERVING_MODELS / f"{Path(both.reasoning.profile).stem}.toml"),
+                          reasoning)
     split = Split(reasoning.schedule, records, serving, share)
     runs = [compare(logged, grid_records, tasks, grid_all, grid_split, split, args.hidden_tasks, rng)
             for _ in range(args.runs)]

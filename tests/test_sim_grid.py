@@ -103,19 +103,43 @@ def test_the_split_merges_both_lines_on_the_same_drawn_tasks(tasks):
     assert starved.both == pytest.approx(starved.grid_only)
 
 
-def test_command_line_compares_the_three_arrangements(tasks, tmp_path, capsys, arc_data):
+def _write_logs(tasks, folder):
+    """Both lines' logs of _both_logs as grid.jsonl and reasoning.jsonl in `folder`."""
     grid_records, reasoning_records = _both_logs(tasks)
     for name, records in (("grid.jsonl", grid_records), ("reasoning.jsonl", reasoning_records)):
-        log = AttemptLog(tmp_path / name)
+        log = AttemptLog(folder / name)
         for record in records:
             log.append(record)
         log.close()
+
+
+def test_command_line_compares_the_three_arrangements(tasks, tmp_path, capsys, arc_data):
+    _write_logs(tasks, tmp_path)
     assert main(["--log", str(tmp_path / "grid.jsonl"), "--tasks", str(arc_data / "arc-agi-2" / "evaluation"),
                  "--reasoning-log", str(tmp_path / "reasoning.jsonl"), "--both", "both-4xL4",
                  "--hidden-tasks", "12", "--runs", "2"]) == 0
     out = capsys.readouterr().out
     assert "6 tasks in both logs" in out and "reasoning line on 50% of the GPUs, the grid line on 2 workers" in out
     assert "all GPUs to the grid line: forecast score" in out and "the split, answers merged (both-4xL4)" in out
+
+
+def test_the_reasoning_side_is_served_with_its_profiles_budget_and_drafts(tasks, tmp_path, arc_data, monkeypatch):
+    """The serving model of the split's reasoning line carries that line's chunked-prefill budget and draft tokens
+    (sim.scenario.for_profile), as a forecast's does: both-4xL4's dense-27b-4xL4 has 4,096 and 3."""
+    import sim.grid
+
+    _write_logs(tasks, tmp_path)
+    seen = []
+
+    def compare(*args):  # record the reasoning side each simulated run is given
+        seen.append(args[5])
+        return sim.grid.Comparison(0.0, 0.0, 0.0)
+
+    monkeypatch.setattr(sim.grid, "compare", compare)
+    assert main(["--log", str(tmp_path / "grid.jsonl"), "--tasks", str(arc_data / "arc-agi-2" / "evaluation"),
+                 "--reasoning-log", str(tmp_path / "reasoning.jsonl"), "--both", "both-4xL4",
+                 "--hidden-tasks", "12", "--runs", "1"]) == 0
+    assert [(s.serving.max_num_batched_tokens, s.serving.draft_tokens) for s in seen] == [(4096, 3)]
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in PROFILES.glob("*.toml")
