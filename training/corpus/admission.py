@@ -8,8 +8,13 @@ only (the palette key row stays on top), since the key is metadata, not picture.
 where the distance is the number of differing slots. Before that, `admit_program` refuses a program with a stage
 that does nothing on the bank (dropping a post operation, making the mask operator `keep` or switching the
 connectivity leaves every slot as it was: bbox then flip_lr is just bbox): no task could show that stage, so the gate
-would reject all of its tasks. The search is exact: a vectorised comparison of the candidate's
-8 conjugates against every admitted vector, in chunks, so its cost grows linearly with the corpus.
+would reject all of its tasks.
+The search is exact but does not scan the corpus (issue 32): `BlockIndex` buckets every admitted vector by a hash of
+each of 16 interleaved blocks of slots. Two vectors at distance d < 16 agree exactly on at least 16 - d blocks
+(pigeonhole), so the rows sharing a bucket with a candidate hold every admitted row within distance 15; only those
+are compared slot by slot. A decision needs distance < 3, and the gate's rivals (`nearest`) are the nearest rules
+within distance `RIVAL_RADIUS` = 15, so both are exact while the work per candidate follows its neighbourhood,
+not the corpus size.
 `Admitter` is the pure core (arrays in, verdicts out); `behaviours` is the shell that runs the oracle.
 """
 
@@ -27,6 +32,8 @@ from training.corpus.dsl import Program
 
 MIN_VALID = 16
 MIN_DISTANCE = 3
+RIVAL_RADIUS = 15  # `nearest` is exact for rivals up to this distance; farther rules are not rivals
+BLOCKS = RIVAL_RADIUS + 1  # d < BLOCKS leaves at least one block equal, so a bucket look-up finds every such row
 CHUNK_ROWS = 4096
 REASONS = ("admitted", "redundant_stage", "too_few_valid", "duplicate_raw", "duplicate_dihedral", "near_raw",
            "near_dihedral")
@@ -107,24 +114,59 @@ def behaviours(program: Program, probes: tuple[np.ndarray, ...], conjugates: int
     return out
 
 
+class BlockIndex:
+    """Row numbers bucketed by a 64-bit hash of each of `blocks` interleaved blocks of slots (slot i is in block
+    i mod blocks). `near` returns every row that shares a block with a query, a superset of the rows within distance
+    blocks - 1 (a hash collision only adds a row, which the exact comparison then places). Memory: one dict entry
+    per row and block."""
+
+    def __init__(self, n_slots: int, blocks: int = BLOCKS) -> None:
+        self.blocks = blocks
+        # odd multipliers: a one-slot change always changes its block's key (x * odd != 0 mod 2^64 for x != 0)
+        self._mult = np.random.default_rng(32).integers(0, 1 << 63, n_slots, dtype=np.uint64) * np.uint64(2) + \
+            np.uint64(1)
+        self._buckets: list[dict[int, list[int]]] = [{} for _ in range(blocks)]
+
+    def keys(self, rows: np.ndarray) -> np.ndarray:
+        """(m, blocks) bucket keys of an (m, n_slots) array of behaviour rows."""
+        mixed = rows.astype(np.uint64) * self._mult  # wraps mod 2^64, as a hash should
+        return np.stack([mixed[:, b::self.blocks].sum(axis=1) for b in range(self.blocks)], axis=1)
+
+    def add(self, first: int, rows: np.ndarray) -> None:
+        """Index rows numbered first, first + 1, ..."""
+        for offset, keys in enumerate(self.keys(rows).tolist()):
+            for bucket, key in zip(self._buckets, keys):
+                bucket.setdefault(key, []).append(first + offset)
+
+    def near(self, rows: np.ndarray) -> np.ndarray:
+        """Sorted row numbers that share at least one block with any of `rows`."""
+        found: set[int] = set()
+        for keys in self.keys(rows).tolist():
+            for bucket, key in zip(self._buckets, keys):
+                found.update(bucket.get(key, ()))
+        return np.array(sorted(found), dtype=np.int64)
+
+
 @dataclass(frozen=True)
 class Verdict:
     reason: str  # one of REASONS
-    raw_distance: int  # to the nearest admitted vector (-1 when the corpus is empty)
+    raw_distance: int  # to the nearest admitted vector, RIVAL_RADIUS + 1 if farther (-1: empty corpus, too few valid)
     dihedral_distance: int
-    nearest: str | None  # id of the nearest admitted rule under any conjugate
+    nearest: str | None  # id of the nearest admitted rule under any conjugate, None beyond RIVAL_RADIUS
 
 
 @dataclass
 class Admitter:
-    """The admitted behaviour vectors (one row per rule) and the funnel of every verdict so far."""
+    """The admitted behaviour vectors (one row per rule), their block index and the funnel of every verdict so far."""
     n_slots: int
     ids: list[str] = field(default_factory=list)
     funnel: Counter = field(default_factory=Counter)
     _rows: np.ndarray | None = None
+    _index: BlockIndex | None = None
 
     def __post_init__(self) -> None:
         self._rows = np.empty((1024, self.n_slots), dtype=np.int64)
+        self._index = BlockIndex(self.n_slots)
 
     @classmethod
     def restored(cls, ids: list[str], matrix: np.ndarray) -> "Admitter":
@@ -133,19 +175,21 @@ class Admitter:
             raise ValueError(f"matrix of shape {matrix.shape} does not hold one row per id ({len(ids)})")
         adm = cls(matrix.shape[1], ids=list(ids))
         adm._rows = np.array(matrix, dtype=np.int64)
+        adm._index.add(0, adm._rows)
         return adm
 
     @property
     def matrix(self) -> np.ndarray:
         return self._rows[:len(self.ids)]
 
-    def distances(self, conjugates: np.ndarray) -> np.ndarray:
-        """(8, n_admitted) Hamming distances from each conjugate to each admitted raw vector, exact."""
-        n = len(self.ids)
-        out = np.empty((conjugates.shape[0], n), dtype=np.int32)
-        for start in range(0, n, CHUNK_ROWS):
-            rows = self._rows[start:min(start + CHUNK_ROWS, n)]
-            out[:, start:start + rows.shape[0]] = (rows[None, :, :] != conjugates[:, None, :]).sum(axis=2)
+    def distances(self, conjugates: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """(8, len(rows)) Hamming distances from each conjugate to the admitted raw vectors numbered `rows` (default:
+        all of them), exact."""
+        rows = np.arange(len(self.ids)) if rows is None else rows
+        out = np.empty((conjugates.shape[0], len(rows)), dtype=np.int32)
+        for start in range(0, len(rows), CHUNK_ROWS):
+            block = self._rows[rows[start:start + CHUNK_ROWS]]
+            out[:, start:start + block.shape[0]] = (block[None, :, :] != conjugates[:, None, :]).sum(axis=2)
         return out
 
     def judge(self, conjugates: np.ndarray) -> Verdict:
@@ -156,9 +200,12 @@ class Admitter:
             return Verdict("too_few_valid", -1, -1, None)
         if not self.ids:
             return Verdict("admitted", -1, -1, None)
-        dist = self.distances(conjugates)
+        near = self._index.near(conjugates)
+        dist = np.minimum(self.distances(conjugates, near), RIVAL_RADIUS + 1)  # farther than the radius: not placed
+        if not near.size or int(dist.min()) > RIVAL_RADIUS:
+            return Verdict("admitted", RIVAL_RADIUS + 1, RIVAL_RADIUS + 1, None)
         raw, best = int(dist[0].min()), int(dist.min())
-        nearest = self.ids[int(np.unravel_index(int(np.argmin(dist)), dist.shape)[1])]
+        nearest = self.ids[int(near[np.unravel_index(int(np.argmin(dist)), dist.shape)[1]])]
         if raw == 0:
             reason = "duplicate_raw"
         elif best == 0:
@@ -180,13 +227,17 @@ class Admitter:
                 more = np.empty((max(len(self._rows), 1024), self.n_slots), dtype=np.int64)  # restored may be empty
                 self._rows = np.concatenate([self._rows, more])
             self._rows[len(self.ids)] = conjugates[0]
+            self._index.add(len(self.ids), conjugates[:1])
             self.ids.append(rule)
         return verdict
 
     def nearest(self, row: int, k: int = 8) -> list[str]:
-        """Ids of the k admitted rules nearest (raw distance) to admitted rule number `row`, itself excluded."""
-        dist = self.distances(self.matrix[row][None, :])[0]
-        order = [int(i) for i in np.argsort(dist, kind="stable") if i != row]
+        """Ids of the k admitted rules nearest (raw distance) to admitted rule number `row`, itself excluded, among
+        those within RIVAL_RADIUS (exact there); ties in admission order."""
+        near = self._index.near(self.matrix[row][None, :])
+        near = near[near != row]
+        dist = self.distances(self.matrix[row][None, :], near)[0]
+        order = [int(near[i]) for i in np.argsort(dist, kind="stable") if dist[i] <= RIVAL_RADIUS]
         return [self.ids[i] for i in order[:k]]
 
 
