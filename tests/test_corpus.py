@@ -189,7 +189,7 @@ def test_the_block_index_finds_what_a_scan_finds_near_and_far():
     for _ in range(40):
         cand = np.array([rows[int(rng.integers(300))]] * 8)
         cand[:, rng.choice(64, int(rng.integers(0, 4)), replace=False)] = 9
-        dist = np.minimum([[int((c != r).sum()) for r in adm.matrix] for c in cand], admission.RIVAL_RADIUS + 1)
+        dist = np.minimum([[int((c != r).sum()) for r in adm.matrix] for c in cand], admission.MIN_DISTANCE)
         verdict = adm.judge(cand)
         assert verdict.raw_distance == int(dist[0].min()) and verdict.dihedral_distance == int(dist.min())
 
@@ -229,7 +229,7 @@ def test_a_transposed_rule_is_a_dihedral_duplicate(probes):
     adm = admission.Admitter(len(probes))
     assert adm.consider(dsl.rule_id(top), admission.behaviours(top, probes)).reason == "admitted"
     verdict = adm.consider(dsl.rule_id(left), admission.behaviours(left, probes))
-    assert verdict.reason == "duplicate_dihedral" and verdict.raw_distance > admission.MIN_DISTANCE
+    assert verdict.reason == "duplicate_dihedral" and verdict.raw_distance >= admission.MIN_DISTANCE  # capped: not near
 
 
 def test_a_stage_that_does_nothing_on_the_probe_bank_is_refused(probes):
