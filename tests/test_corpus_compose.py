@@ -3,6 +3,7 @@ component, admission) and generate's depths, workers and resume after a kill."""
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import numpy as np
@@ -237,3 +238,15 @@ def test_a_composite_and_the_rules_it_holds_are_each_others_rivals(probes):
     assert gate._wrong_on(CHOICE, pairs) == 0
     report = gate.judge_task(RIGHT, pairs, probes, generate.rivals([], compose.kin(programs)[0], by_id, programs))
     assert report.reason == "not_separated" and dsl.canonical_json(CHOICE) in report.detail
+
+
+def test_the_command_line_refuses_new_arguments_on_an_unfinished_run_with_exit_2(tmp_path, capsys):
+    out = tmp_path / "c"
+    (out / "progress" / "segments").mkdir(parents=True)
+    (out / "progress" / "segments" / "000.json").write_text(json.dumps({"rules": 9}))  # a run that admitted nothing
+    cli = importlib.import_module("training.corpus.__main__")
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["generate", "--families", "rays", "--rules", "1", "--workers", "0", "--out", str(out)])
+    assert stop.value.code == 2
+    assert f"error: {out}: its last run ({out / 'progress' / 'segments' / '000.json'}) is unfinished" in \
+        capsys.readouterr().err
