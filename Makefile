@@ -259,6 +259,7 @@ bench: env build-env engine-env
 	$(BPY) benchmarks/grid_ttt.py || echo grid_ttt >> $(MISSED)
 	$(BPY) benchmarks/build_scale.py || echo build_scale >> $(MISSED)
 	$(PY) benchmarks/corpus_admission.py || echo corpus_admission >> $(MISSED)
+	$(BPY) benchmarks/corpus_scaling.py || echo corpus_scaling >> $(MISSED)
 	$(EPY) benchmarks/v2_processor.py || echo v2_processor >> $(MISSED)
 	$(EPY) benchmarks/engine_overhead.py || echo engine_overhead >> $(MISSED)
 	@if [ -f $(MISSED) ]; then echo "missed a target or failed: $$(tr '\n' ' ' < $(MISSED))"; exit 1; fi
