@@ -218,6 +218,13 @@ def test_a_finished_corpus_grows_with_a_new_seed_keeping_every_file_it_had(tmp_p
     assert len(set(ids)) == 6  # the new run admitted no rule of the old one again
     generate.generate(2, 1, 1, out, tries=1, families=["rays", "count_pack"])
     assert _files(out) == after  # the same arguments again: nothing to do, same bytes
+    generate.generate(3, 1, 0, out, tries=1, programs=PROGRAMS, depth=2)  # the first run's arguments, more rules
+    report = json.loads((out / "gate.json").read_text())
+    admitted = [dsl.rule_id(rules.from_dict(r)) for entry in sorted((out / "progress" / "admit").glob("*.json"))
+                for r in json.loads(entry.read_text())["rules"]]
+    assert report["runs"] == 3 and report["rules"] == len(admitted) > 6
+    assert len(set(admitted)) == len(admitted)  # no rule admitted twice
+    assert all(_files(out)[name] == data for name, data in after.items() if name.parts[0] in ("tasks", "heldout"))
 
 
 def test_a_composite_and_the_rules_it_holds_are_each_others_rivals(probes):
