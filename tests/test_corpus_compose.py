@@ -257,3 +257,6 @@ def test_the_command_line_refuses_new_arguments_on_an_unfinished_run_with_exit_2
     assert stop.value.code == 2
     assert f"error: {out}: its last run ({out / 'progress' / 'segments' / '000.json'}) is unfinished" in \
         capsys.readouterr().err
+    (out / "progress" / "admission.json").write_text("{}")  # issue 19's checkpoint, rewritten whole: not resumed
+    with pytest.raises(store.CorpusError, match="written by an older generate"):
+        generate.generate(1, 1, 0, out, families=["rays"])

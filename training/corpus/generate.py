@@ -209,6 +209,9 @@ def generate(rules: int, tasks_per_rule: int, seed: int, out: Path, tries: int =
     families = list(families or rulebook.FAMILIES)
     pool = pool or cluster.Serial()
     progress = out / "progress"
+    if (progress / "admission.json").exists():
+        raise store.CorpusError(f"{out}: written by an older generate ({progress / 'admission.json'}: one checkpoint "
+                                "rewritten whole, not this ledger); give a new --out")
     for folder in ("segments", "admit", "gated"):
         (progress / folder).mkdir(parents=True, exist_ok=True)
     for folder in SPLIT_DIRS.values():
