@@ -34,7 +34,7 @@ def test_one_and_two_ray_workers_give_the_bytes_of_one_process(tmp_path, local_r
     generate.generate(3, 1, 0, tmp_path / "serial", tries=1, programs=PROGRAMS, depth=2)
     for workers in (1, 2):
         pool = cluster.RayPool(workers)
-        assert pool.window == 2 * workers
+        assert pool.window == cluster.IN_FLIGHT * workers
         generate.generate(3, 1, 0, tmp_path / f"ray{workers}", tries=1, programs=PROGRAMS, depth=2, pool=pool)
         pool.close()  # not the owner: the module's Ray keeps running
         assert ray.is_initialized()

@@ -3,7 +3,7 @@
 `RayPool(workers, address)` runs each item as a Ray task: on a local Ray that it starts with `workers` CPUs and stops
 at `close` (the default), on the cluster at `address` (started with `ray start --head`; every node needs this
 repository at the same path, which goes to the workers' PYTHONPATH), or on the Ray this process already holds (a test
-session's). Ray places the tasks; `map` only keeps at most two tasks per CPU in flight and yields the results in
+session's). Ray places the tasks; `map` only keeps at most four tasks per CPU in flight and yields the results in
 the order of the items, so the caller judges them in a fixed order and the corpus does not depend on the number of
 workers. `Serial` maps in this process: `--workers 0`, and environments without Ray.
 """
@@ -18,6 +18,7 @@ from typing import Callable, Iterable, Iterator
 from training.corpus.store import CorpusError
 
 ROOT = Path(__file__).resolve().parents[2]
+IN_FLIGHT = 4  # tasks per CPU: results are taken in order, so a slow task must not leave the other CPUs idle
 OBJECT_STORE_BYTES = 200 * 1024 * 1024  # results are small; Ray's default (30% of memory) is not, on a shared VM
 
 
@@ -51,7 +52,7 @@ class RayPool:
                 ray.init(num_cpus=workers, include_dashboard=False, runtime_env=env, log_to_driver=False,
                          object_store_memory=OBJECT_STORE_BYTES)
         cpus = int(ray.cluster_resources().get("CPU", 1))
-        self.window = 2 * (workers or cpus)
+        self.window = IN_FLIGHT * (workers or cpus)
         self._remote: dict[Callable, object] = {}
 
     def map(self, fn: Callable, items: Iterable) -> Iterator:
