@@ -23,7 +23,7 @@ UPY       := $(UNSLOTH_VENV)/bin/python
 export ARC_DATA
 
 .PHONY: env engine-env build-env unsloth-env vllm-gpu-wheel grid-dry-run both-dry-run prune-demo wheels bundle kaggle-rehearsal train-rft train-grid \
-	test test-core conformance dry-run simulate demo corpus-demo bench clean
+	test test-core conformance dry-run simulate demo corpus-demo corpus-sample bench clean
 
 env: $(VENV)/.installed
 
@@ -125,7 +125,7 @@ both-dry-run: engine-env build-env
 	$(EPY) -m build.tiny --arch qwen3 --out $(OUT)/tiny-qwen3
 	$(BPY) -m build.tiny --arch qwen3 --out $(OUT)/tiny-qwen3-base
 	$(BPY) -m build.grid_vocab --model $(OUT)/tiny-qwen3-base --out $(OUT)/tiny-grid
-	$(EPY) -m submission.grid.both --tasks $(ARC_DATA)/arc-agi-2/evaluation --max-tasks 10 --profile both-tiny \
+	$(EPY) -m submission.both --tasks $(ARC_DATA)/arc-agi-2/evaluation --max-tasks 10 --profile both-tiny \
 	    --reasoning-model $(OUT)/tiny-qwen3 --grid-model $(OUT)/tiny-grid --reasoning-python $(EPY) \
 	    --grid-python $(BPY) --deadline 300 --out $(OUT)/both-dry-run/submission.json \
 	    --solutions $(ARC_DATA)/arc-agi-2/evaluation
@@ -163,7 +163,7 @@ prune-demo: build-env
 	rm -rf $(PD) && mkdir -p $(PD)
 ifeq ($(TOPOLOGY),)
 	$(BPY) -m build.tiny --arch qwen3_moe --out $(PD)/model --max-shard-size 300KB
-	$(BPY) -m build.traces --model $(PD)/model --tasks $(ARC_DATA)/arc-agi-2/training --max-tasks 24 \
+	$(BPY) -m training.calibration_traces --model $(PD)/model --tasks $(ARC_DATA)/arc-agi-2/training --max-tasks 24 \
 	    --out $(PD)/traces.jsonl $(CORPUS_MIX_ARGS)
 	$(BPY) -m build.calibrate --model $(PD)/model --traces $(PD)/traces.jsonl --out $(PD)/stats.npz
 	$(BPY) -m build.experts --stats $(PD)/stats.npz --config build/lists-tiny.toml --out $(PD)/lists
@@ -171,7 +171,7 @@ ifeq ($(TOPOLOGY),)
 	@echo "pruned checkpoint: $(PD)/pruned (provenance in $(PD)/pruned/pruning.json)"
 else
 	$(TIMED) $(BPY) -m build.tiny --topology $(TOPOLOGY) --out $(PD)/model
-	$(TIMED) $(BPY) -m build.traces --model $(PD)/model --tasks $(ARC_DATA)/arc-agi-2/training --max-tasks 4 \
+	$(TIMED) $(BPY) -m training.calibration_traces --model $(PD)/model --tasks $(ARC_DATA)/arc-agi-2/training --max-tasks 4 \
 	    --thinking 0 --out $(PD)/traces.jsonl $(CORPUS_MIX_ARGS)
 	$(TIMED) $(BPY) -m build.calibrate --model $(PD)/model --traces $(PD)/traces.jsonl --out $(PD)/stats.npz
 	$(TIMED) $(BPY) -m build.experts --stats $(PD)/stats.npz --config build/lists.toml --out $(PD)/lists
@@ -233,7 +233,7 @@ train-grid: build-env
 	    --out $(GT)/run --steps 16 --checkpoint-every 4 --rank 8 --lr 3e-3 --max-len 2048 $(CORPUS_MIX_ARGS)
 	$(BPY) -m training.grid_tune --model $(GT)/grid --out $(GT)/run --merge
 
-# Synthetic ARC tasks from typed rules (training/corpus/README.md): four families and depth-2 composites, gated as Ray
+# Synthetic ARC tasks from typed rules (training/corpus/README.md): seven families and depth-2 composites, gated as Ray
 # tasks on a local Ray of both cores (each command starts and stops it), then audited against $(ARC_DATA) the same
 # way. Prints the admission and gate rates per depth; writes corpus.png. Killed, the same command continues from its
 # last complete shard (make clean, or another CORPUS, to start afresh). RAY_ADDRESS=host:port runs both on a cluster
@@ -244,6 +244,17 @@ corpus-demo: build-env
 	$(BPY) -m training.corpus generate --rules 56 --depth 2 --tasks-per-rule 4 --tries 2 --seed 0 $(CORPUS_RAY) \
 	    --out $(CORPUS)
 	$(BPY) -m training.corpus audit $(CORPUS) --arc-data $(ARC_DATA) $(CORPUS_RAY)
+
+# A 200-task sample of a fresh corpus (every family, depth 2), filtered by difficulty and ordered as a curriculum
+# (training/corpus/curriculum.py), then checked: no no-op or 1x1-only test pair, no stage the demonstrations do not
+# show, nothing beyond the filter (exit 1 on a finding). Killed, the generate step continues from its checkpoints.
+CORPUS_SAMPLE = $(OUT)/corpus-sample
+corpus-sample: build-env
+	$(BPY) -m training.corpus generate --rules 64 --depth 2 --tasks-per-rule 3 --tries 2 --seed 1 $(CORPUS_RAY) \
+	    --out $(CORPUS_SAMPLE)/corpus
+	rm -rf $(CORPUS_SAMPLE)/sample
+	$(BPY) -m training.corpus.curriculum sample --corpus $(CORPUS_SAMPLE)/corpus --out $(CORPUS_SAMPLE)/sample --tasks 200
+	$(BPY) -m training.corpus.curriculum check $(CORPUS_SAMPLE)/sample
 
 # Every benchmark runs (each prints its ratios and targets); the verb fails at the end if any missed a target.
 MISSED = $(OUT)/bench-missed.txt

@@ -36,13 +36,13 @@ import torch  # noqa: E402
 
 from build.grid_vocab import cut  # noqa: E402
 from build.tiny import make_checkpoint  # noqa: E402
-from submission.grid.config import load_grid_profile  # noqa: E402
 from submission.grid.dfs import search, search_batch  # noqa: E402
 from submission.grid.format import encode  # noqa: E402
 from submission.grid.model import HFBatchStepper, HFStepper, answer_nlls, load_model  # noqa: E402
 from submission.grid.queue import task_cost  # noqa: E402
 from submission.grid.rescore import rescore, rescoring_views, search_views  # noqa: E402
 from submission.grid.ttt import Adapter, TTTConfig, training_sequences  # noqa: E402
+from submission.profiles import load_grid_profile  # noqa: E402
 from submission.tasks import load_tasks  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -155,9 +155,9 @@ def worker(args) -> dict:
     """One variant's training in this process: its record (FIELDS)."""
     import torch
 
-    from submission.grid.config import load_grid_profile
     from submission.grid.model import load_model
     from submission.grid.ttt import Adapter, training_sequences
+    from submission.profiles import load_grid_profile
     from submission.tasks import load_tasks
 
     torch.set_num_threads(args.threads)
@@ -223,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(worker(args)))
         return 0
 
-    from submission.grid.config import load_grid_profile
     from submission.grid.queue import task_cost
+    from submission.profiles import load_grid_profile
     from submission.tasks import load_tasks
 
     profile = load_grid_profile(args.profile)

@@ -35,7 +35,7 @@ from sim.pool import AttemptPool  # noqa: E402
 from sim.run import LatencyEngine, simulate  # noqa: E402
 from sim.scenario import for_profile  # noqa: E402
 from sim.serving import load_serving  # noqa: E402
-from submission.config import load_profile  # noqa: E402
+from submission.profiles import load_profile  # noqa: E402
 from submission.tasks import load_tasks  # noqa: E402
 from targets import Targets  # noqa: E402
 

@@ -39,8 +39,8 @@ from vllm import SamplingParams  # noqa: E402
 from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsContext  # noqa: E402
 
 from build.topology import TOPOLOGIES  # noqa: E402
-from submission.config import load_profile  # noqa: E402
 from submission.engines import vllm_logits_v2  # noqa: E402
+from submission.profiles import load_profile  # noqa: E402
 from targets import Targets  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

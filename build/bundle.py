@@ -16,7 +16,7 @@ reassembled at boot (submission/boot.py). `verify` re-checks every hash and says
 profile (`line = "grid"`) bundles build.grid_vocab's 16-token checkpoint the same way; boot runs it through
 submission.main, which hands it to the grid line. A combined profile (`line = "both"`) takes two: `--model` the
 reasoning line's checkpoint into `model/`, `--grid-model` the 16-token grid model into `grid-model/`, both in the
-manifest; `kit/bundle.json` says `"line": "both"` and boot runs submission.grid.both with both. `--adapter` puts the
+manifest; `kit/bundle.json` says `"line": "both"` and boot runs submission.both with both. `--adapter` puts the
 grid line's fine-tuned adapter inside the grid model's folder, where the profile's relative model.adapter finds it
 at run time (the base and the adapter both travel; issue 29). The notebook is
 kaggle/notebook.ipynb (build.notebook).
@@ -161,23 +161,19 @@ def upload_advice(dataset: Path, chosen_id: str) -> str:
 def bundled_line(profile: str) -> str:
     """The line a bundle of `profile` runs, "grid", "both" or "reasoning", once its loader accepts it (a combined
     profile's two line profiles included: a broken profile is refused before gigabytes are copied)."""
-    from submission.config import load_profile
-    from submission.grid import profile_line
-    from submission.grid.both import line_configs, load_both_profile
-    from submission.grid.config import load_grid_profile
+    from submission.profiles import line_configs, load, load_both_profile, profile_line
 
     line = profile_line(profile)
     if line == "both":
         line_configs(load_both_profile(profile))
     else:
-        (load_grid_profile if line == "grid" else load_profile)(profile)
+        load(profile)
     return line or "reasoning"
 
 
 def grid_adapter(profile: str, line: str) -> str:
     """The grid line's model.adapter as `profile` names it ("" for none, or a reasoning-line profile)."""
-    from submission.grid.both import line_configs, load_both_profile
-    from submission.grid.config import load_grid_profile
+    from submission.profiles import line_configs, load_both_profile, load_grid_profile
 
     if line == "both":
         return line_configs(load_both_profile(profile))[1].model.adapter

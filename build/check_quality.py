@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if threshold is None:
         from build.quantize import load_recipe
 
-        threshold = load_recipe(args.recipe).max_nll_increase if args.recipe else 0.02
+        threshold = load_recipe(args.recipe).check.max_nll_increase if args.recipe else 0.02
     try:
         quality = compare(args.reference, args.candidate, read_traces(args.traces), threshold, device=args.device,
                           chunk_tokens=args.chunk_tokens)

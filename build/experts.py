@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from build.stats import BINS, RoutingStats
+from submission import strict_toml
 
 ExpertList = tuple[tuple[int, ...], ...]
 
@@ -56,15 +56,9 @@ class ListConfig:
 
 
 def load_config(path: str | Path) -> ListConfig:
-    path = Path(path)
-    raw = tomllib.loads(path.read_text())
-    known = {f.name for f in fields(ListConfig)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValueError(f"{path}: unknown key(s) {', '.join(unknown)}")
-    if "bin_weights" in raw:
-        raw["bin_weights"] = tuple(raw["bin_weights"])
-    return ListConfig(**raw)
+    """The list parameters of a TOML file (submission.strict_toml): a missing file, invalid TOML, an unknown key or a
+    value of the wrong type raise TomlError naming the file and the key."""
+    return strict_toml.build(ListConfig, strict_toml.read(path), str(path))
 
 
 def _top(scores: np.ndarray, k: int, exclude: set[int] = frozenset()) -> list[int]:

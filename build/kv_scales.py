@@ -6,8 +6,9 @@ amax / 448 (the E4M3 maximum) over the calibration tokens. Values are the v_proj
 RoPE, which rotates each pair (i, i + d/2) of a head's dimensions: the largest post-RoPE component is bounded by the
 largest norm of such a pair of the pre-RoPE keys (after q/k norm), so that bound is used: exact for some position,
 never too small. Layers without softmax attention (linear attention) have no KV cache and get no scales. The model
-runs one decoder layer at a time from its shards (build.layerwise), with the static input scales when a recipe needs
-them (build.input_scales.activation_amax): memory is one layer plus the prompts' hidden states.
+runs one decoder layer at a time from its shards, with the static input scales when a recipe needs them
+(build.activations: one pass observes both): memory is one layer plus the prompts' hidden states. This module holds
+the prompts, the hooks that observe keys and values, and the scales.
 """
 
 from __future__ import annotations
@@ -54,14 +55,6 @@ def observe_kv(root, prefix: str, amax: dict[str, list[float]]) -> list:
         source = module.k_norm if hasattr(module, "k_norm") else module.k_proj
         handles += [source.register_forward_hook(keys), module.v_proj.register_forward_hook(values)]
     return handles
-
-
-def kv_amax(model_dir: str | Path, prompts: list[list[int]], device: str = "cpu") -> dict[str, tuple[float, float]]:
-    """Per attention module name (`model.layers.N.self_attn`): (key bound, value amax) over the prompts, layer by
-    layer (build.input_scales.activation_amax: one decoder layer resident)."""
-    from build.input_scales import activation_amax
-
-    return activation_amax(model_dir, prompts, device, inputs=False).kv
 
 
 def scales(amax: dict[str, tuple[float, float]]) -> dict[str, float]:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from build.schemes import dequantize, preset_of
+
 if TYPE_CHECKING:
     import torch
 
@@ -61,7 +63,7 @@ class Shards:
         config = json.loads((self.folder / "config.json").read_text())
         self.schemes: dict[str, str] = {}  # module -> preset scheme name
         for group in config.get("quantization_config", {}).get("config_groups", {}).values():
-            scheme = _preset_of(group)
+            scheme = preset_of(group)
             self.schemes.update({target: scheme for target in group.get("targets", [])})
 
     def tensors(self, prefix: str) -> Iterator[tuple[str, "torch.Tensor"]]:
@@ -69,8 +71,6 @@ class Shards:
         (a quantised module's weight dequantised once all its parts are read; their scales and k/v cache scales are
         not yielded): a caller that keeps only what it converts never holds a second copy of the layer."""
         from safetensors import safe_open
-
-        from build.quantize import dequantize
 
         by_file: dict[str, list[str]] = {}
         parts: dict[str, int] = {}  # quantised module -> how many of its tensors are stored
@@ -132,21 +132,6 @@ class Shards:
             target.copy_(tensor)
             del tensor, target
         return out
-
-
-def _preset_of(group: dict) -> str:
-    """The kit's scheme name of a compressed-tensors config group (as build.quantize writes them)."""
-    weights, inputs = group.get("weights") or {}, group.get("input_activations")
-    if weights.get("type") == "int":
-        found = (weights.get("num_bits"), weights.get("strategy"), weights.get("group_size"), weights.get("symmetric"))
-        known = {(4, "group", 128, True): "W4A16", (8, "channel", None, True): "W8A16_CHANNEL"}
-        if found not in known:
-            raise ValueError(f"config.json: quantization_config group {group.get('targets', [])[:2]}...: INT weights "
-                             f"(bits, strategy, group size, symmetric) {found}, not one of {sorted(known.values())}")
-        return known[found]
-    if weights.get("num_bits") == 4:
-        return "NVFP4" if inputs else "NVFP4A16"
-    return "FP8_DYNAMIC" if inputs is None or inputs.get("dynamic") else "FP8"
 
 
 def _capture_class():

@@ -38,103 +38,95 @@ and the index are written by the library's writers. A per-tensor report (`quanti
 in float32 where the library dequantises in bfloat16) comes with the output.
 With `--calibration-tasks`, FP8 KV-cache scales calibrated on the solver's own prompts of those tasks
 (build.kv_scales) are added too, with the `kv_cache_scheme` vLLM reads; they and the static input scales (observed
-only when the recipe has a static scheme) come from one layer-by-layer pass over the prompts (build.input_scales:
+only when the recipe has a static scheme) come from one layer-by-layer pass over the prompts (build.activations:
 one decoder layer resident, never the whole model).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import re
 import shutil
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from build.library_logs import show_library_logs_from
+from build.activations import activation_amax
 from build.checkpoint import DTYPES, checkpoint_files, copy_other_files, read_header, weight_map
+from build.kv_scales import calibration_prompts, scales as kv_cache_scales
+from build.library_logs import show_library_logs_from
+from build.schemes import FORMATS, SCHEMES, STATIC, compression_scheme, dequantize, library_scheme
+from submission import strict_toml
 
 if TYPE_CHECKING:
     import torch
 
-SCHEMES = ("NVFP4A16", "NVFP4", "FP8_DYNAMIC", "FP8", "W4A16", "W8A16_CHANNEL", "BF16")
-FORMATS = {"NVFP4A16": "nvfp4-pack-quantized", "NVFP4": "nvfp4-pack-quantized", "FP8_DYNAMIC": "float-quantized",
-           "FP8": "float-quantized", "W4A16": "pack-quantized", "W8A16_CHANNEL": "pack-quantized"}
 INT_GROUP = 128  # W4A16's group of inputs per scale (compressed-tensors' preset; vLLM's Marlin kernels take it)
-STATIC = ("NVFP4", "FP8")  # schemes whose activation scales are calibrated (build.input_scales)
 LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
 @dataclass(frozen=True)
 class Rule:
+    """One `[[rules]]` entry: modules whose name matches `pattern` (a regex), within the decoder layers `layers`
+    (first, last; empty: any module), get `scheme`."""
+
     pattern: str
     scheme: str
-    layers: tuple[int, int] | None = None
+    layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"scheme must be one of {', '.join(SCHEMES)}, not {self.scheme!r}")
+        try:
+            re.compile(self.pattern)
+        except re.error as err:
+            raise ValueError(f"pattern {self.pattern!r}: {err}") from None
+        if self.layers and (len(self.layers) != 2 or not all(type(n) is int for n in self.layers)
+                            or not 0 <= self.layers[0] <= self.layers[1]):
+            raise ValueError(f"layers must be [first, last] with 0 <= first <= last, not {list(self.layers)}")
+
+    def applies(self, module: str) -> bool:
+        """Whether the rule decides `module`'s scheme (a layer-ranged rule never applies to the MTP layer, none of the
+        decoder layers 0..N-1)."""
+        if self.layers:
+            layer = None if module.startswith("mtp.") else LAYER.search(module)
+            if layer is None or not self.layers[0] <= int(layer.group(1)) <= self.layers[1]:
+                return False
+        return re.search(self.pattern, module) is not None
+
+
+@dataclass(frozen=True)
+class Check:
+    """A recipe's `[check]` table."""
+
+    max_nll_increase: float = 0.02  # the likelihood check's threshold (build.check_quality)
 
 
 @dataclass(frozen=True)
 class Recipe:
     name: str
     rules: tuple[Rule, ...]
-    max_nll_increase: float = 0.02  # the likelihood check's threshold (build.check_quality)
+    check: Check = Check()
 
     def scheme_for(self, module: str) -> str:
-        layer = None if module.startswith("mtp.") else LAYER.search(module)  # the MTP layer is none of 0..N-1
-        for rule in self.rules:
-            if rule.layers is not None and (layer is None or not
-                                            rule.layers[0] <= int(layer.group(1)) <= rule.layers[1]):
-                continue
-            if re.search(rule.pattern, module):
-                return rule.scheme
-        return "BF16"
+        """The scheme of the first rule that applies to `module`; BF16 (kept) if none does."""
+        return next((rule.scheme for rule in self.rules if rule.applies(module)), "BF16")
 
 
 def load_recipe(path: str | Path) -> Recipe:
-    path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as err:
-        raise ValueError(f"{path}: cannot read the recipe: {err}") from None
-    rules = []
-    for number, rule in enumerate(raw.get("rules", [])):
-        unknown = sorted(set(rule) - {"pattern", "scheme", "layers"})
-        if unknown or "pattern" not in rule or rule.get("scheme") not in SCHEMES:
-            raise ValueError(f"{path}: rules[{number}]: needs pattern and scheme in {SCHEMES}"
-                             + (f"; unknown keys {unknown}" if unknown else ""))
-        try:
-            re.compile(rule["pattern"])
-        except re.error as err:
-            raise ValueError(f"{path}: rules[{number}].pattern: {err}") from None
-        layers = tuple(rule["layers"]) if "layers" in rule else None
-        rules.append(Rule(rule["pattern"], rule["scheme"], layers))
-    unknown = sorted(set(raw) - {"name", "rules", "check"})
-    if unknown:
-        raise ValueError(f"{path}: unknown key(s) {unknown}")
-    return Recipe(raw.get("name", path.stem), tuple(rules), raw.get("check", {}).get("max_nll_increase", 0.02))
-
-
-def _scheme(name: str, targets: list[str]):
-    """compressed-tensors' scheme of a kit scheme name: its preset, but for W8A16_CHANNEL (the preset W8A16 has
-    groups of 128; the study's linear-attention projections were INT8 per channel)."""
-    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme, preset_name_to_scheme
-
-    if name == "W8A16_CHANNEL":
-        return QuantizationScheme(targets=targets, weights=QuantizationArgs(
-            num_bits=8, type="int", symmetric=True, strategy="channel", dynamic=False))
-    return preset_name_to_scheme(name, targets)
-
-
-@functools.cache
-def _compression_scheme(name: str):
-    """The scheme the compressors are handed: its targets play no part there, so one object per scheme name serves
-    every tensor (building one per call cost ~10% of quantising a tiny-width checkpoint)."""
-    return _scheme(name, ["Linear"])
+    """The recipe of a TOML file (submission.strict_toml): a missing file, invalid TOML, an unknown key, a value of
+    the wrong type or a bad rule raise TomlError naming the file and the key (`FILE.rules[N]` for the Nth rule)."""
+    raw = strict_toml.read(path)
+    rules = raw.get("rules", [])
+    if not isinstance(rules, list):
+        raise strict_toml.TomlError(f"{path}.rules: expected [[rules]] tables, got {type(rules).__name__}")
+    # strict_toml.build reads tables, not arrays of them: each rule is built as its own table
+    rules = tuple(strict_toml.build(Rule, rule, f"{path}.rules[{number}]") for number, rule in enumerate(rules))
+    return strict_toml.build(Recipe, {"name": Path(path).stem, **raw, "rules": rules}, str(path))
 
 
 def plan(recipe: Recipe, tensors: dict[str, tuple[int, ...]], table: dict[str, tuple[str, ...]],
@@ -179,7 +171,7 @@ def int_weights(weights: dict[str, "torch.Tensor"], scheme_name: str) -> dict[st
     from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
     from compressed_tensors.quantization.utils.helpers import calculate_qparams
 
-    scheme = _compression_scheme(scheme_name)
+    scheme = compression_scheme(scheme_name)
     out = {}
     for name, w in weights.items():
         w = w.to(torch.float32)
@@ -200,7 +192,7 @@ def fp8_weights(weights: dict[str, "torch.Tensor"], scheme_name: str,
     from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
     from compressed_tensors.quantization.utils.helpers import calculate_qparams
 
-    scheme = _compression_scheme(scheme_name)
+    scheme = compression_scheme(scheme_name)
     out = {}
     for name, w in weights.items():
         w = w.to(torch.float32)
@@ -265,7 +257,7 @@ def quantization_config(schemes: dict[str, str], kv_cache: bool):
     targets: dict[str, list[str]] = {}
     for module, scheme in schemes.items():
         targets.setdefault(scheme, []).append(module)
-    groups = {f"group_{i}": _scheme(scheme, sorted(targets[scheme]))
+    groups = {f"group_{i}": library_scheme(scheme, sorted(targets[scheme]))
               for i, scheme in enumerate(s for s in FORMATS if s in targets)}
     formats = {FORMATS[s] for s in targets}
     kv = (QuantizationArgs(num_bits=8, type="float", strategy="tensor", dynamic=False, symmetric=True)
@@ -504,27 +496,13 @@ def quantize(model: str | Path, recipe_path: str | Path, out: str | Path,
     return rows
 
 
-def dequantize(state: dict[str, "torch.Tensor"], module: str, scheme_name: str) -> "torch.Tensor":
-    from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
-    from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
-    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
-
-    local = {k[len(module) + 1:]: v for k, v in state.items() if k.startswith(module + ".")}
-    compressor = {"nvfp4-pack-quantized": NVFP4PackedCompressor, "float-quantized": FloatQuantizationCompressor,
-                  "pack-quantized": PackedQuantizationCompressor}[FORMATS[scheme_name]]
-    return compressor.decompress(local, _compression_scheme(scheme_name))["weight"]
-
-
 def calibrated_scales(model: str | Path, recipe_path: str | Path, tasks, samples: int, on_step=None
                       ) -> tuple[dict[str, float], dict[str, float] | None]:
     """FP8 KV-cache scales, and the static input amax if the recipe has a static scheme, from the solver's prompts of
-    up to `samples` tasks, in one layer-by-layer pass (build.input_scales: one decoder layer resident)."""
-    from build.input_scales import activation_amax
-    from build.kv_scales import calibration_prompts, scales
-
+    up to `samples` tasks, in one layer-by-layer pass (build.activations: one decoder layer resident)."""
     static = any(rule.scheme in STATIC for rule in load_recipe(recipe_path).rules)
     found = activation_amax(model, calibration_prompts(model, tasks, samples), inputs=static, on_step=on_step)
-    return scales(found.kv), found.inputs if static else None
+    return kv_cache_scales(found.kv), found.inputs if static else None
 
 
 def dequantize_checkpoint(model: str | Path, out: str | Path) -> Path:

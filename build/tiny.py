@@ -7,11 +7,11 @@ No weights can be downloaded in this kit's environments, so every model path is 
 classes (Qwen3, Qwen3-MoE, Qwen3-Next), the same safetensors layout and the real special tokens (<|im_start|>,
 <|im_end|>, <think>, </think>, <|endoftext|>), with a Qwen3-style chat template whose generation prompt opens
 thinking. The tokenizer is a byte-level BPE trained on a small built-in corpus, digits split one per token as in
-Qwen's tokenizer. By default the output-head rows of <|im_end|> and <|endoftext|> are zeroed (build.patch_eot's
-end-of-turn patch, applied in memory), so that (with top-k sampling) thinking is not cut short by an end of turn.
-head_dim is 64 because vLLM's CPU attention rejects 16. `--topology` writes a real model's full set of tensors
-(layers, experts, MTP, names, shards, config keys) at tiny widths instead (build.topology); those checkpoints are
-unpatched, as a release is.
+Qwen's tokenizer (build.tokenizer). By default the output-head rows of <|im_end|> and <|endoftext|> are zeroed
+(build.patch_eot's end-of-turn patch, applied in memory), so that (with top-k sampling) thinking is not cut short
+by an end of turn. head_dim is 64 because vLLM's CPU attention rejects 16. `--topology` writes a real model's full
+set of tensors (layers, experts, MTP, names, shards, config keys) at tiny widths instead (build.topology); those
+checkpoints are unpatched, as a release is.
 """
 
 from __future__ import annotations
@@ -20,65 +20,8 @@ import argparse
 import json
 from pathlib import Path
 
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
-
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message.role + '\\n' }}"
-    "{%- if message.role == 'assistant' and message.reasoning_content is defined %}"
-    "{{- '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' }}"
-    "{%- endif %}"
-    "{{- message.content + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}"
-    "{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
-    "{%- else %}{{- '<think>\\n' }}{%- endif %}"
-    "{%- endif %}"
-)
-
-_CORPUS = """Find the common rule that maps each input grid to its output grid in the examples, then apply it to the
-test input. Answer with the output grid, one row per line, digits separated by spaces.
-Example Input Output Test input. Let me look at the grids. The rule seems to be: each cell becomes the colour of its
-neighbour, the object is moved, mirrored, rotated or copied. Considering the limited time by the user, I have to give
-the solution based on the thinking directly now. The transformation as a self-contained Python function:
-```python
-def transform(grid):
-    import numpy as np
-    a = np.array(grid)
-    h, w = a.shape
-    out = [[0] * w for _ in range(h)]
-    for r in range(h):
-        for c in range(w):
-            if grid[r][c] != 0:
-                out[r][c] = grid[r][c]
-    return out
-```
-"""
-
-
-def _corpus() -> list[str]:
-    rows = [" ".join(str((i * 7 + j * 3) % 10) for j in range(1 + i % 30)) for i in range(300)]
-    return [_CORPUS] * 20 + rows + [f"{h}x{w}" for h in range(1, 31) for w in range(1, 31)]
-
-
-def make_tokenizer(out: Path, vocab_size: int = 1024):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_corpus(), trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   additional_special_tokens=["<|im_start|>", "<think>", "</think>"])
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(out)
-    return fast
-
+from build.tokenizer import make_tokenizer
+from build.topology import TOPOLOGIES, write_topology
 
 def make_config(arch: str, vocab_size: int, eos_id: int, pad_id: int):
     from transformers import Qwen3Config, Qwen3MoeConfig, Qwen3NextConfig
@@ -139,8 +82,6 @@ def make_checkpoint(out: str | Path, arch: str = "qwen3", seed: int = 0, max_sha
 
 
 def main(argv: list[str] | None = None) -> None:
-    from build.topology import TOPOLOGIES, write_topology
-
     parser = argparse.ArgumentParser(prog="python -m build.tiny", description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", default="qwen3", choices=["qwen3", "qwen3_moe", "qwen3_next"])
     parser.add_argument("--topology", choices=sorted(TOPOLOGIES),

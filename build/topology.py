@@ -6,8 +6,8 @@ count and config keys, with tiny hidden sizes, so every loop of build/ runs over
 The published configs below are data, copied from each model's `config.json` on the Hugging Face hub
 (Qwen/Qwen3-Next-80B-A3B-Instruct, Qwen/Qwen3-30B-A3B, Qwen/Qwen3-32B, as released in 2025), with the shard count of
 the release (`model-000NN-of-000SS.safetensors`); only the width keys (`TINY_WIDTHS`) and the vocabulary (the kit's
-own 1,024-token tokenizer from build.tiny) are replaced. Tensor names come from transformers itself: a template model
-of the same config with a few layers and two experts is saved by `save_pretrained`, and its per-layer names are
+own 1,024-token tokenizer, build.tokenizer) are replaced. Tensor names come from transformers itself: a template
+model of the same config with a few layers and two experts is saved by `save_pretrained`, and its per-layer names are
 repeated for every layer and expert. Qwen3-Next's MTP weights (`mtp.*`, loaded by vLLM only, see
 vllm/model_executor/models/qwen3_next_mtp.py) are a full-attention decoder layer under `mtp.layers.0.` plus `mtp.fc`
 (2 x hidden -> hidden) and three norms, written into the last shard as in the release. Approximate where the release
@@ -21,6 +21,8 @@ import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from build.tokenizer import make_tokenizer
 
 _COMMON = {"attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645,
            "hidden_act": "silu", "initializer_range": 0.02, "rms_norm_eps": 1e-06, "rope_scaling": None,
@@ -151,8 +153,6 @@ def write_topology(out: str | Path, name: str, seed: int = 0, layers: int | None
     hidden and MLP sizes (`WIDE`; it measures memory against the bytes of a layer)."""
     import torch
     from safetensors.torch import save_file
-
-    from build.tiny import make_tokenizer
 
     if name not in TOPOLOGIES:
         raise ValueError(f"unknown topology {name!r}: {', '.join(TOPOLOGIES)}")

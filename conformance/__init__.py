@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from build.quantize import Recipe, load_recipe
-from submission.config import PROFILES, _toml_value, load_profile, read_profile
-from submission.grid.config import load_grid_profile
+from submission import strict_toml
+from submission.profiles import load
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = ROOT / "docs" / "conformance"
@@ -42,7 +41,7 @@ STUDY = ROOT.parent / "shared" / "design" / "STUDY.md"  # the study's passages, 
 ROW_KEYS = {"study", "unstated", "kit", "seed", "spec", "departure", "note", "module", "nearest", "kit_setting"}
 
 
-class TableError(ValueError):
+class TableError(strict_toml.TomlError):
     """A table that cannot be read; the message names the file and the row."""
 
 
@@ -102,10 +101,7 @@ def _row(setting: str, raw: Any, where: str) -> Row:
 
 def load_table(path: str | Path) -> Table:
     path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as err:
-        raise TableError(f"{path}: cannot read the table: {err}") from None
+    raw = strict_toml.read(path, TableError)
     if ("profile" in raw) == ("config" in raw):
         raise TableError(f"{path}: name exactly one of profile (a shipped profile) and config (a training config)")
     rows, recipe, features = [], [], []
@@ -144,8 +140,7 @@ def run_config(table: Table) -> Any:
         if not (ROOT / table.config).exists():
             raise TableError(f"{table.path}: config: {table.config} does not exist")
         return load_config(ROOT / table.config)
-    path, raw = read_profile(table.profile)
-    return load_grid_profile(path) if raw.get("line") == "grid" else load_profile(path)
+    return load(table.profile)
 
 
 def effective(table: Table) -> tuple[dict[str, Any], Recipe | None]:
@@ -172,7 +167,7 @@ def problems(table: Table, values: dict[str, Any], recipe: Recipe | None) -> lis
             out.append(f"{where}: {row.setting}: names no setting of the run")
             continue
         out += _verdict(where, row, values[row.setting])
-    out += [f"{where}: {s}: a setting without a row (the run has {_toml_value(v)})" for s, v in values.items()
+    out += [f"{where}: {s}: a setting without a row (the run has {strict_toml.value(v)})" for s, v in values.items()
             if s not in rows]
     out += [f"{where}: {row.setting}: kit_setting {row.kit_setting!r} is no setting of the run"
             for row in table.features if row.kit_setting and row.kit_setting not in values]
@@ -188,22 +183,19 @@ def problems(table: Table, values: dict[str, Any], recipe: Recipe | None) -> lis
 def _verdict(where: str, row: Row, value: Any) -> list[str]:
     if row.study is None:
         return [] if same(row.kit, value) else [
-            f"{where}: {row.setting}: the table records the kit's {_toml_value(row.kit)}, the run has "
-            f"{_toml_value(value)}"]
+            f"{where}: {row.setting}: the table records the kit's {strict_toml.value(row.kit)}, the run has "
+            f"{strict_toml.value(value)}"]
     if same(row.study, value):
-        return [f"{where}: {row.setting}: matches the study ({_toml_value(value)}) but keeps a departure: remove "
+        return [f"{where}: {row.setting}: matches the study ({strict_toml.value(value)}) but keeps a departure: remove "
                 "it"] if row.departure else []
     return [] if row.departure else [
-        f"{where}: {row.setting}: the study has {_toml_value(row.study)}, the run {_toml_value(value)}, and the row "
-        "gives no departure"]
+        f"{where}: {row.setting}: the study has {strict_toml.value(row.study)}, the run {strict_toml.value(value)}, "
+        "and the row gives no departure"]
 
 
 def _deciding_rule(recipe: Recipe, module: str) -> int | None:
     """The index of the rule that gives `module` its scheme (the first that applies, as Recipe.scheme_for)."""
-    for i, rule in enumerate(recipe.rules):
-        if Recipe(recipe.name, (dataclasses.replace(rule, scheme="?"),)).scheme_for(module) == "?":
-            return i
-    return None
+    return next((i for i, rule in enumerate(recipe.rules) if rule.applies(module)), None)
 
 
 def missing_lines(table: Table, study_text: str) -> list[str]:
@@ -247,7 +239,7 @@ the kit's own.
 
 
 def _cell(value: Any) -> str:
-    return _toml_value(value).replace("|", "\\|")
+    return strict_toml.value(value).replace("|", "\\|")
 
 
 def _source(row: Row) -> str:

@@ -22,9 +22,10 @@ import re
 import subprocess
 import sys
 import tempfile
-import tomllib
 from pathlib import Path
 from urllib.parse import unquote, urlparse
+
+from submission import strict_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCKS = ROOT / "offline_wheels" / "locks"
@@ -32,7 +33,7 @@ CACHE = Path(os.environ.get("KIT_CACHE", Path.home() / ".cache" / "arc-kit")) / 
 
 
 def target(name: str) -> dict:
-    targets = tomllib.loads((ROOT / "offline_wheels" / "targets.toml").read_text())
+    targets = strict_toml.read(ROOT / "offline_wheels" / "targets.toml")
     if name not in targets:
         raise SystemExit(f"error: unknown target {name!r}; targets: {', '.join(targets)}")
     return targets[name]

@@ -40,7 +40,7 @@ from sim.scenario import (SERVING_MODELS, describe, for_profile, make_scenario, 
                           variants)
 from sim.serving import load_serving, trace_from_windows
 from submission.attempts import read_log
-from submission.config import ProfileError, load_profile
+from submission.profiles import ProfileError, load_profile
 from submission.tasks import LoadError, load_tasks
 
 SCHEDULE_OPTIONS = ("cap_first_single", "cap_first_multi", "cap_second", "repair_caps", "cap_extra", "max_in_flight")

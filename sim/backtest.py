@@ -18,7 +18,7 @@ from sim.run import simulate
 from sim.serving import ServingModel, SharedEngine, Trace
 from submission.attempts import AttemptRecord
 from submission.schedule import InputInfo, ScheduleConfig
-from submission.solve import Candidates
+from submission.selection import Candidates
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.serving import ServingModel
+from submission import strict_toml
 
 
 @dataclass(frozen=True)
@@ -67,10 +68,5 @@ def fit(windows: list[dict], kv_tokens: int, max_num_seqs: int) -> Fit:
 
 
 def to_toml(model: ServingModel, note: str) -> str:
-    lines = [f"# {note}"] + [f"{k} = {_toml_value(v)}" for k, v in model.__dict__.items()]
+    lines = [f"# {note}"] + [f"{k} = {strict_toml.value(v)}" for k, v in model.__dict__.items()]
     return "\n".join(lines) + "\n"
-
-
-def _toml_value(value: object) -> str:
-    """TOML spells booleans in lower case; the model's numbers are written as Python writes them."""
-    return str(value).lower() if isinstance(value, bool) else repr(value)

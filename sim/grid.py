@@ -17,8 +17,8 @@ With `--reasoning-log` and a combined profile (`--both`, line = "both"), three f
 (common random numbers): all GPUs to the grid line (`--profile`), all GPUs to the reasoning line (the combined
 profile's reasoning profile, the solver's scheduler on the serving model `--serving`, default
 sim/serving_models/PROFILE.toml: sim.run), and the split (each line as the combined run starts it,
-submission.grid.both.line_configs with every override of the combined profile: `split_lines`; the reasoning line on
-the serving model scaled to its share of the GPUs, answers merged by submission.grid.merge). Tasks are drawn from those
+submission.profiles.line_configs with every override of the combined profile: `split_lines`; the reasoning line on
+the serving model scaled to its share of the GPUs, answers merged by submission.merge). Tasks are drawn from those
 both logs hold with labels, so each draw keeps how the two lines did on the same task. Approximate: the reasoning
 line's throughput and KV cache are taken as proportional to its GPUs (a TP2 engine on two L4s has less than half the
 KV cache of TP4 on four: its weights take twice the share per GPU, so the split is forecast optimistically for the
@@ -39,13 +39,13 @@ from sim.run import simulate
 from sim.serving import ServingModel, SharedEngine
 from submission.attempts import AttemptRecord, read_log
 from submission.config import Profile
-from submission.grid.both import MERGE_S, BothProfile, line_configs
-from submission.grid.config import GridProfile, load_grid_profile
-from submission.grid.merge import grid_candidates, merged_answers
+from submission.grid.config import GridProfile
 from submission.grid.queue import TaskQueue, task_cost
 from submission.grid.rescore import Candidate as GridCandidate
+from submission.merge import grid_candidates, merged_answers
+from submission.profiles import MERGE_S, BothProfile, line_configs, load_grid_profile
 from submission.schedule import InputInfo, ScheduleConfig
-from submission.solve import Candidates
+from submission.selection import Candidates
 from submission.tasks import Task, load_tasks
 
 
@@ -73,8 +73,8 @@ def logged_tasks(records: list[AttemptRecord], tasks: dict[str, Task]) -> list[L
         if task.test_outputs is not None:
             hits = {r.test_index for r in group if r.grid is not None and r.grid == task.test_outputs[r.test_index]}
             right = len(hits) / len(task.test_inputs)
-        used = sum(detail["stage_s"].values()) / max(detail["time_limit_s"], 1e-9)
-        out.append(LoggedTask(task_id, task_cost(task), min(used, 1.0), right, detail["stage_s"]))
+        used = sum(detail.stage_s.values()) / max(detail.time_limit_s, 1e-9)
+        out.append(LoggedTask(task_id, task_cost(task), min(used, 1.0), right, detail.stage_s))
     return out
 
 
@@ -211,19 +211,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--reasoning-log and --both go together")
     profile = load_grid_profile(args.profile)
     tasks = {t.id: t for t in load_tasks(args.tasks, args.solutions).tasks}
-    logged = logged_tasks([r for path in args.log for r in read_log(path)], tasks)
+    records = [r for path in args.log for r in read_log(path)]
+    logged = logged_tasks(records, tasks)
     if not logged:
         print(f"error: {', '.join(map(str, args.log))}: no grid-line records for these tasks", file=sys.stderr)
         return 2
     rng = random.Random(args.seed)
     if args.both:
-        return print_comparison(args, profile, tasks, logged, [r for path in args.log for r in read_log(path)], rng)
+        return print_comparison(args, profile, tasks, logged, records, rng)
     runs = [one_run(logged, profile, args.hidden_tasks, rng) for _ in range(args.runs)]
-    scores = sorted(r.score for r in runs)
-    low, high = scores[int(0.05 * (len(scores) - 1))], scores[int(0.95 * (len(scores) - 1))]
     print(f"{len(logged)} logged tasks, {args.runs} runs of {args.hidden_tasks} tasks on {len(profile.run.devices)} "
           f"workers ({profile.name})")
-    print(f"forecast score {statistics.mean(scores):.2f} (5-95%: {low:.2f}-{high:.2f}); answered by the deadline "
+    print(f"forecast score {spread([r.score for r in runs])}; answered by the deadline "
           f"{statistics.mean(r.answered for r in runs):.1f} of {args.hidden_tasks}")
     stages = sorted({k for t in logged for k in t.stage_s})
     print("logged seconds by stage (mean per task): " + ", ".join(
@@ -231,8 +230,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def spread(scores: list[float]) -> str:
+    """Simulated runs' scores as printed: the mean and the 5th to 95th percentile."""
+    ranked = sorted(scores)
+    low, high = ranked[int(0.05 * (len(ranked) - 1))], ranked[int(0.95 * (len(ranked) - 1))]
+    return f"{statistics.mean(ranked):.2f} (5-95%: {low:.2f}-{high:.2f})"
+
+
 def split_lines(both: BothProfile) -> tuple[Profile, GridProfile, float]:
-    """The combined run's two lines as the run starts them (submission.grid.both.line_configs, with its model,
+    """The combined run's two lines as the run starts them (submission.profiles.line_configs, with its model,
     tensor-parallel, worker and max_len overrides, at the lines' time limit: the run's less MERGE_S) and the reasoning
     line's share of the GPUs (its engine's tensor x pipeline parallel size against the grid line's workers)."""
     reasoning, grid = line_configs(both, both.time_limit_s - MERGE_S)
@@ -244,7 +250,7 @@ def print_comparison(args: argparse.Namespace, grid_all: GridProfile, tasks: dic
                      logged: list[LoggedTask], grid_records: list[AttemptRecord], rng: random.Random) -> int:
     from sim.scenario import SERVING_MODELS
     from sim.serving import load_serving
-    from submission.grid.both import load_both_profile
+    from submission.profiles import load_both_profile
 
     both = load_both_profile(args.both)
     reasoning, grid_split, share = split_lines(both)
@@ -263,9 +269,7 @@ def print_comparison(args: argparse.Namespace, grid_all: GridProfile, tasks: dic
     for name, value in (("all GPUs to the grid line", lambda c: c.grid_only),
                         ("all GPUs to the reasoning line", lambda c: c.reasoning_only),
                         (f"the split, answers merged ({both.name})", lambda c: c.both)):
-        scores = sorted(value(c) for c in runs)
-        low, high = scores[int(0.05 * (len(scores) - 1))], scores[int(0.95 * (len(scores) - 1))]
-        print(f"{name}: forecast score {statistics.mean(scores):.2f} (5-95%: {low:.2f}-{high:.2f})")
+        print(f"{name}: forecast score {spread([value(c) for c in runs])}")
     return 0
 
 

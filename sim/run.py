@@ -22,7 +22,7 @@ from sim import agent
 from sim.pool import SimAttempt
 from sim.serving import Job
 from submission.schedule import InputInfo, Request, ScheduleConfig, Scheduler
-from submission.solve import Candidates
+from submission.selection import Candidates
 
 
 class SimEngine(Protocol):

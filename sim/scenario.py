@@ -29,12 +29,12 @@ T / T0, where T0 is what the serving model gives at that running count and conte
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from sim.serving import ServingModel, load_serving
-from submission.config import load_profile
+from submission import strict_toml
+from submission.profiles import load_profile
 from submission.schedule import ScheduleConfig
 
 SERVING_MODELS = Path(__file__).resolve().parent / "serving_models"
@@ -105,21 +105,18 @@ def _schedule_value(name: str, value):
 
 def read_scenario(path: str | Path) -> dict:
     """The TOML's fields, checked by name (the values are checked when the Scenario is made)."""
-    path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as err:
-        raise ValueError(f"{path}: cannot read the scenario: {err}") from None
+    raw = strict_toml.read(path)  # a missing file or invalid TOML: TomlError (a ValueError) naming the file
     names = {f.name for f in fields(Scenario)}
     unknown = sorted(set(raw) - names)
     if unknown:
-        raise ValueError(f"{path}: unknown keys {unknown} (known: {sorted(names)})")
+        raise strict_toml.TomlError(f"{path}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(names))})")
     schedule = raw.pop("schedule", {})
     if not isinstance(schedule, dict):
-        raise ValueError(f"{path}: schedule must be a table")
+        raise strict_toml.TomlError(f"{path}.schedule: expected a table, got {type(schedule).__name__}")
     unknown = sorted(set(schedule) - set(SCHEDULE_FIELDS))
     if unknown:
-        raise ValueError(f"{path}: [schedule] unknown keys {unknown}")
+        raise strict_toml.TomlError(f"{path}.schedule: unknown key(s) {', '.join(unknown)} (known: "
+                                    f"{', '.join(sorted(SCHEDULE_FIELDS))})")
     return raw | {"schedule": tuple((k, _schedule_value(k, v)) for k, v in schedule.items())}
 
 

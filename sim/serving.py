@@ -42,9 +42,10 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-import tomllib
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
+
+from submission import strict_toml
 
 
 @dataclass(frozen=True)
@@ -101,20 +102,13 @@ class ServingModel:
 
 
 def load_serving(path: str | Path) -> ServingModel:
-    path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as err:
-        raise ValueError(f"{path}: cannot read the serving model: {err}") from None
-    names = {f.name for f in fields(ServingModel)}
-    required = {f.name for f in fields(ServingModel) if f.default is MISSING}
-    unknown, missing = sorted(set(raw) - names), sorted(required - set(raw))
-    if unknown or missing:
-        raise ValueError(f"{path}: unknown keys {unknown}, missing keys {missing}")
-    try:
-        return ServingModel(**raw)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{path}: {err}") from None
+    """A serving model file (sim/serving_models/*.toml, sim calibrate's output), strict TOML: an unknown, missing or
+    mistyped key is refused naming the file and the key (submission.strict_toml.TomlError, a ValueError)."""
+    raw = strict_toml.read(path)
+    missing = sorted({f.name for f in fields(ServingModel) if f.default is MISSING} - set(raw))
+    if missing:
+        raise strict_toml.TomlError(f"{path}: missing key(s) {', '.join(missing)}")
+    return strict_toml.build(ServingModel, raw, str(path))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ the solver supervised either way (supervise: relaunched with --resume after a cr
 start, with the bundle's knobs, kit/bundle.json "boot"), and finally the answer file checked task by task, a missing
 or broken task given its `[[0]]` slots. Every step boot waits for ends before the time limit (END_MARGIN_S). A
 combined bundle (kit/bundle.json `line = "both"`: the reasoning model in model/, the grid model in grid-model/) runs
-`submission.grid.both` with both models instead of `submission.main`, and its rehearsal waits for, and checks, each
+`submission.both` with both models instead of `submission.main`, and its rehearsal waits for, and checks, each
 line's log.
 """
 from __future__ import annotations
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def line_logs(out: Path, log: Path, grid_model: Path | None) -> dict[str, Path]:
     """Where the run logs its attempts, by line: `log` for one line; a combined run (a grid model beside the
-    reasoning model) logs each line in its folder beside the answer file (submission.grid.both)."""
+    reasoning model) logs each line in its folder beside the answer file (submission.both)."""
     if grid_model is None:
         return {"": log}
     return {f"{name} line": out.parent / name / "attempts.jsonl" for name in ("reasoning", "grid")}
@@ -256,13 +256,13 @@ def line_logs(out: Path, log: Path, grid_model: Path | None) -> dict[str, Path]:
 
 def solver_command(profile: str, model: Path, tasks: Path, out: Path, deadline: float, log: Path,
                    grid_model: Path | None, python: str = sys.executable) -> list[str]:
-    """submission.main on the bundle's model, or with a combined bundle's grid model submission.grid.both, which
+    """submission.main on the bundle's model, or with a combined bundle's grid model submission.both, which
     runs both lines on their shares of the machine and writes the merged answers (each line's log: line_logs);
     `python` is boot's own environment's."""
     if grid_model is None:
         return [python, "-m", "submission.main", "--tasks", str(tasks), "--out", str(out), "--profile",
                 profile, "--model", str(model), "--deadline", str(int(deadline)), "--log", str(log)]
-    return [python, "-m", "submission.grid.both", "--tasks", str(tasks), "--out", str(out), "--profile",
+    return [python, "-m", "submission.both", "--tasks", str(tasks), "--out", str(out), "--profile",
             profile, "--reasoning-model", str(model), "--grid-model", str(grid_model), "--deadline",
             str(int(deadline))]
 

@@ -1,4 +1,4 @@
-"""Run profiles: one TOML file per profile, the whole truth of a run (STYLE 3).
+"""The reasoning line's run profile: one TOML file per profile, the whole truth of a run (STYLE 3).
 
     [engine]   kind, model, parallelism, KV cache, sampling and phase settings  (EngineConfig)
     [prompt]   rendering of tasks into the chat template                        (PromptConfig)
@@ -7,24 +7,18 @@
     [tool_agent] first attempts that check their programs between turns     (submission.tool_agent.ToolAgentConfig)
     [build]    how make bundle builds this profile's dataset                    (BuildConfig)
 
-Unknown sections and keys are refused with the file, section and key; every field is documented where it is
-defined. `profiles/NAME.toml` holds the shipped profiles; the solver copies the one it ran into its output folder.
+Every field is documented where it is defined; submission.profiles reads and writes the files (unknown sections and
+keys refused with the file, section and key) and holds the other lines' profiles' loader too.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-from submission import strict_toml
 from submission.sandbox import SandboxLimits
 from submission.schedule import ScheduleConfig
 from submission.tool_agent import ToolAgentConfig
 
-PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 FORCED_CLOSE = "Considering the limited time by the user, I have to give the solution based on the thinking directly now."
 
 
@@ -114,52 +108,3 @@ class Profile:
     sandbox: SandboxLimits = field(default_factory=SandboxLimits)
     tool_agent: ToolAgentConfig = field(default_factory=ToolAgentConfig)
     build: BuildConfig = field(default_factory=BuildConfig)
-
-
-class ProfileError(strict_toml.TomlError):
-    """A profile that cannot be used; the message names the file, the section and the key."""
-
-
-def _build(cls: type, table: Any, where: str) -> Any:
-    return strict_toml.build(cls, table, where, ProfileError)
-
-
-LINES = {"grid": "a grid-line profile", "both": "a combined profile"}  # `line` values besides the reasoning line's
-
-
-def read_profile(name_or_path: str | Path, line: str | None = None) -> tuple[Path, dict]:
-    """A profile's path and TOML table, its name defaulting to the file's stem: a shipped profile by name
-    (profiles/NAME.toml) or any TOML file by path. `line` ("grid", "both") refuses a profile of another line."""
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = PROFILES / f"{name_or_path}.toml"
-    try:
-        raw = tomllib.loads(path.read_text())
-    except OSError as err:
-        known = ", ".join(sorted(p.stem for p in PROFILES.glob("*.toml")))
-        raise ProfileError(f"{path}: cannot read ({err.strerror}); shipped profiles: {known}") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ProfileError(f"{path}: not valid TOML: {err}") from None
-    if line is not None and raw.get("line") != line:
-        raise ProfileError(f"{path}: line: not {LINES[line]} (needs line = \"{line}\")")
-    raw.setdefault("name", path.stem)
-    return path, raw
-
-
-def load_profile(name_or_path: str | Path) -> Profile:
-    """A reasoning-line profile by name or path (read_profile)."""
-    path, raw = read_profile(name_or_path)
-    return _build(Profile, raw, str(path))
-
-
-def profile_to_toml(profile: Profile) -> str:
-    """The profile as TOML (for the copy in a run's output folder): every value, defaults included."""
-    lines = [f'name = "{profile.name}"']
-    for section in (f.name for f in dataclasses.fields(profile) if f.name != "name"):  # every section, always
-        lines.append(f"\n[{section}]")
-        for key, value in dataclasses.asdict(getattr(profile, section)).items():
-            lines.append(f"{key} = {_toml_value(value)}")
-    return "\n".join(lines) + "\n"
-
-
-_toml_value = strict_toml.value

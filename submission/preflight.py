@@ -36,11 +36,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from submission.bundle_files import MODEL_DIRS, split_parts
-from submission.config import Profile, ProfileError, load_profile
-from submission.grid import profile_line, profile_path
-from submission.grid.both import BothProfile, line_configs, load_both_profile
-from submission.grid.config import GridProfile, load_grid_profile
+from submission.config import Profile
+from submission.grid.config import GridProfile
 from submission.grid.format import VOCAB
+from submission.profiles import BothProfile, ProfileError, line_configs, load, path_of
 
 GIB = 2**30
 # CUDA 13 wheels (the kaggle-gpu locks: nvidia-cuda-runtime 13.x) need an R580 driver or newer (CUDA 13.0's minor-
@@ -351,21 +350,19 @@ def model_facts(bundle: Path, folder: str) -> dict:
 def machine_stage(bundle: Path) -> list[Check]:
     """The machine stage's checks for the bundle's profile (standard library only: see the module's docstring)."""
     name, machine = gather_machine(bundle)
-    line = profile_line(name)
-    if line == "both":
-        both = load_both_profile(name)
-        return both_machine_checks(both, line_configs(both), str(profile_path(name)), machine)
-    return machine_checks((load_grid_profile if line == "grid" else load_profile)(name), machine)
+    profile = load(name)
+    if isinstance(profile, BothProfile):
+        return both_machine_checks(profile, line_configs(profile), str(path_of(name)), machine)
+    return machine_checks(profile, machine)
 
 
 def full_stage(bundle: Path, work: Path) -> list[Check]:
     facts = gather(bundle, work)
-    line = profile_line(facts.bundle_profile)
-    if line == "both":
-        both = load_both_profile(facts.bundle_profile)
-        return both_checks(both, line_configs(both), str(profile_path(facts.bundle_profile)), facts,
+    profile = load(facts.bundle_profile)
+    if isinstance(profile, BothProfile):
+        return both_checks(profile, line_configs(profile), str(path_of(facts.bundle_profile)), facts,
                            replace(facts, **model_facts(bundle, MODEL_DIRS[1])))
-    return checks((load_grid_profile if line == "grid" else load_profile)(facts.bundle_profile), facts)
+    return checks(profile, facts)
 
 
 def main(argv: list[str] | None = None) -> int:

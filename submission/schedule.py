@@ -1,7 +1,7 @@
 """The deadline-aware schedule (SPEC section 5): a queue with levels, as a pure policy driven by the caller's clock.
 
-The solver (real engine, wall clock) and the simulator (replay engine, simulated clock) run this same code; it does
-no I/O and never reads a clock: every method takes `now`, seconds since the run started.
+The solver (real engine, wall clock) and the simulator (its own serving model, sim/serving.py, simulated clock) run
+this same code; it does no I/O and never reads a clock: every method takes `now`, seconds since the run started.
 
 Levels, lowest popped first:
 - L0: attempt 1 of every test input, plain view; cap `cap_first_single` for single-input tasks, else `cap_first_multi`.

@@ -20,9 +20,10 @@ Ties go to the candidate seen first (attempt order), so selection is determinist
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
+from submission.attempts import AttemptRecord
 from submission.grids import EMPTY_ANSWER, Grid
 
 
@@ -84,3 +85,34 @@ def select(candidates: list[Candidate] | tuple[Candidate, ...]) -> tuple[Grid, G
     grids = [r.grid for r in rank(candidates)][:2]
     grids += [EMPTY_ANSWER] * (2 - len(grids))
     return grids[0], grids[1]
+
+
+@dataclass
+class Candidates:
+    """Candidates per test input from finished attempts; `answers(key)` applies SPEC section 4. Pure state, shared
+    by the solver and the simulator."""
+
+    by_input: dict[tuple[str, int], list[Candidate]] = field(default_factory=dict)
+
+    def add(self, task_id: str, test_index: int, attempt: int, grid: Grid | None,
+            programs: tuple[tuple[Grid | None, ...], ...], weak: tuple[Grid, ...] = ()) -> list[tuple[str, int]]:
+        """Add an attempt's grid, the outputs of each of its program candidates (train-perfect programs, transferred
+        to the task's other test inputs) and its weak pool (submission.selection). Returns the inputs whose
+        candidates changed."""
+        key = (task_id, test_index)
+        found = [(key, Candidate(grid, Source.GRID, attempt))] if grid is not None else []
+        for outputs in programs:
+            found += [((task_id, index), Candidate(output, Source.PROGRAM if index == test_index else
+                                                   Source.TRANSFERRED, attempt))
+                      for index, output in enumerate(outputs) if output is not None]
+        found += [(key, Candidate(output, Source.WEAK, attempt)) for output in weak]
+        for where, candidate in found:
+            self.by_input.setdefault(where, []).append(candidate)
+        return sorted({where for where, _ in found})
+
+    def add_record(self, record: AttemptRecord) -> list[tuple[str, int]]:
+        return self.add(record.task_id, record.test_index, record.attempt, record.grid, record.program_candidates,
+                        record.weak_outputs)
+
+    def answers(self, key: tuple[str, int]) -> tuple[Grid, Grid]:
+        return select(self.by_input.get(key, []))

@@ -2,9 +2,8 @@
 
 `Attempts.run` is the whole life of one scheduled attempt against an engine and the sandbox: one request, or the
 tool agent's turns for a first attempt when the profile turns it on (submission.tool_agent: the first turn calls
-`check_transform`, later turns call or answer; its result is Algorithm 7 lines 16-17: `agent_result`, `needs_direct`);
-`Candidates` is the pure state that turns finished attempts into the two answers per test input (SPEC sections 3 and
-4, with program transfer to the task's other test inputs and the agent's weak pool).
+`check_transform`, later turns call or answer; its result is Algorithm 7 lines 16-17: `agent_result`, `needs_direct`).
+The answers its records lead to are submission.selection's `Candidates`.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from submission.grids import Grid
 from submission.prompt import FIX, check_text, repair_text
 from submission.sandbox import CheckResult, Sandbox, Status
 from submission.schedule import Level, Request
-from submission.selection import Candidate, Source, select
 from submission.tasks import Task
 from submission.tool_agent import (LAST_CHECK, NO_CALL, finished, first_cap, instructions, next_turn,
                                    within_tokens)
@@ -49,37 +47,6 @@ def view_for(level: Level, n_train: int) -> View:
 
 def request_id(request: Request) -> str:
     return f"{request.task_id}/{request.test_index}/{request.attempt}"
-
-
-@dataclass
-class Candidates:
-    """Candidates per test input from finished attempts; `answers(key)` applies SPEC section 4. Pure state, shared
-    by the solver and the simulator."""
-
-    by_input: dict[tuple[str, int], list[Candidate]] = field(default_factory=dict)
-
-    def add(self, task_id: str, test_index: int, attempt: int, grid: Grid | None,
-            programs: tuple[tuple[Grid | None, ...], ...], weak: tuple[Grid, ...] = ()) -> list[tuple[str, int]]:
-        """Add an attempt's grid, the outputs of each of its program candidates (train-perfect programs, transferred
-        to the task's other test inputs) and its weak pool (submission.selection). Returns the inputs whose
-        candidates changed."""
-        key = (task_id, test_index)
-        found = [(key, Candidate(grid, Source.GRID, attempt))] if grid is not None else []
-        for outputs in programs:
-            found += [((task_id, index), Candidate(output, Source.PROGRAM if index == test_index else
-                                                   Source.TRANSFERRED, attempt))
-                      for index, output in enumerate(outputs) if output is not None]
-        found += [(key, Candidate(output, Source.WEAK, attempt)) for output in weak]
-        for where, candidate in found:
-            self.by_input.setdefault(where, []).append(candidate)
-        return sorted({where for where, _ in found})
-
-    def add_record(self, record: AttemptRecord) -> list[tuple[str, int]]:
-        return self.add(record.task_id, record.test_index, record.attempt, record.grid, record.program_candidates,
-                        record.weak_outputs)
-
-    def answers(self, key: tuple[str, int]) -> tuple[Grid, Grid]:
-        return select(self.by_input.get(key, []))
 
 
 @dataclass(frozen=True)

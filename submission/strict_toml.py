@@ -45,18 +45,33 @@ def build(cls: type, table: Any, where: str, error: type[TomlError] = TomlError)
         hint = hints[key]
         if dataclasses.is_dataclass(hint):
             values[key] = build(hint, value, f"{where}.{key}", error)
-        elif typing.get_origin(hint) is tuple:
-            values[key] = tuple(value)
-        elif hint is float and isinstance(value, int) and not isinstance(value, bool):
-            values[key] = float(value)
-        elif isinstance(hint, type) and not isinstance(value, hint):
-            raise error(f"{where}.{key}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
         else:
-            values[key] = value
+            values[key] = _checked(hint, value, f"{where}.{key}", error)
     try:
         return cls(**values)
     except (TypeError, ValueError) as err:
         raise error(f"{where}: {err}") from None
+
+
+def _checked(hint: Any, value: Any, where: str, error: type[TomlError]) -> Any:
+    """`value` as a field of type `hint` holds it: an int where a float is wanted becomes a float, an array where a
+    tuple is wanted a tuple with each element checked (`where[i]`); a value of another type raises `error`. Hints
+    that are not plain types or tuples (unions, `Any`) pass the value on for the dataclass's own checks."""
+    if typing.get_origin(hint) is tuple:
+        if not isinstance(value, (list, tuple)):  # a tuple: a caller's own built value
+            raise error(f"{where}: expected an array, got {type(value).__name__} {value!r}")
+        args = typing.get_args(hint)
+        if len(args) == 2 and args[1] is Ellipsis:
+            args = (args[0],) * len(value)
+        elif args and len(args) != len(value):
+            raise error(f"{where}: expected {len(args)} elements, got {len(value)}")
+        return tuple(_checked(a, v, f"{where}[{i}]", error) for i, (a, v) in enumerate(zip(args, value))) \
+            if args else tuple(value)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(hint, type) and (not isinstance(value, hint) or (hint is int and isinstance(value, bool))):
+        raise error(f"{where}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
+    return value
 
 
 def value(v: Any) -> str:

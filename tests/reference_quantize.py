@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from build.quantize import FORMATS, STATIC, _compression_scheme, _scheme, dequantize, load_recipe, plan
+from build.quantize import load_recipe, plan
+from build.schemes import FORMATS, STATIC, compression_scheme, dequantize, library_scheme
 
 
 def quantize_weights(weights: dict[str, "torch.Tensor"], scheme_name: str,
@@ -25,7 +26,7 @@ def quantize_weights(weights: dict[str, "torch.Tensor"], scheme_name: str,
     from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
     from compressed_tensors.quantization.utils.helpers import calculate_qparams, generate_gparam
 
-    scheme = _compression_scheme(scheme_name)
+    scheme = compression_scheme(scheme_name)
     args = scheme.weights
     out = {}
     upcast = {name: w.to(torch.float32) for name, w in weights.items()}
@@ -166,7 +167,7 @@ class RecipeQuantizer:
         targets: dict[str, list[str]] = {}
         for module, scheme in self.schemes.items():
             targets.setdefault(scheme, []).append(module)
-        groups = {f"group_{i}": _scheme(scheme, sorted(targets[scheme]))
+        groups = {f"group_{i}": library_scheme(scheme, sorted(targets[scheme]))
                   for i, scheme in enumerate(s for s in FORMATS if s in targets)}
         formats = {FORMATS[s] for s in targets}
         kv = None

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from submission.answer import CALL_OPEN, Reply, answer_grammar, parse_answer
-from submission.config import EngineConfig, ProfileError, load_profile, profile_to_toml
+from submission.config import EngineConfig
+from submission.profiles import ProfileError, load_profile, to_toml
 from submission.prompt import grid_text, repair_text, task_text
 from submission.tasks import load_tasks
 from submission.views import reordered
@@ -91,7 +92,7 @@ def test_repair_text_lists_differences():
 def test_shipped_profiles_load_and_round_trip(name, tmp_path):
     profile = load_profile(name)
     copy = tmp_path / "copy.toml"
-    copy.write_text(profile_to_toml(profile))
+    copy.write_text(to_toml(profile))
     assert load_profile(copy) == profile
 
 
@@ -101,7 +102,7 @@ def test_the_copied_profile_keeps_every_section(tmp_path):
                       + "\n[tool_agent]\nenabled = true\nchecks = 3\n")
     profile = load_profile(source)
     copy = tmp_path / "copy.toml"
-    copy.write_text(profile_to_toml(profile))
+    copy.write_text(to_toml(profile))
     assert load_profile(copy).tool_agent == profile.tool_agent and profile.tool_agent.checks == 3
 
 

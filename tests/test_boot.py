@@ -53,7 +53,7 @@ def test_a_combined_bundle_runs_both_lines_and_its_rehearsal_waits_for_each_log(
     assert boot.line_logs(out, tmp_path / "attempts.jsonl", None) == {"": tmp_path / "attempts.jsonl"}
     both = boot.solver_command("both-4xL4", Path("model"), Path("t.json"), out, 99.6, tmp_path / "attempts.jsonl",
                                Path("grid-model"))
-    assert both[1:3] == ["-m", "submission.grid.both"] and "--log" not in both and "--model" not in both
+    assert both[1:3] == ["-m", "submission.both"] and "--log" not in both and "--model" not in both
     assert [both[both.index(flag) + 1] for flag in ("--reasoning-model", "--grid-model", "--deadline")] == [
         "model", "grid-model", "99"]
     one = boot.solver_command("cpu-tiny", Path("model"), Path("t.json"), out, 99.6, tmp_path / "a.jsonl", None)

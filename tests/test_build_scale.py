@@ -47,11 +47,17 @@ def traces(n: int, vocab: int, seed: int = 0) -> list[dict]:
 
 
 def test_topology_is_the_releases(next80b, weight_map):
+    """The written config is the release's, every key, except the tiny widths and the vocabulary and token ids of
+    the kit tokenizer written beside it (which the model must agree with)."""
+    from transformers import AutoTokenizer
+
     config = json.loads((next80b / "config.json").read_text())
     published = TOPOLOGIES["qwen3-next-80b"].config
-    assert {k: v for k, v in config.items() if k not in TINY_WIDTHS and not k.endswith("token_id")
-            and k != "vocab_size"} == {k: v for k, v in published.items() if k not in TINY_WIDTHS
-                                       and not k.endswith("token_id") and k != "vocab_size"}
+    tokenizer = AutoTokenizer.from_pretrained(next80b)
+    kit = {"vocab_size": len(tokenizer), "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>"),
+           "pad_token_id": tokenizer.convert_tokens_to_ids("<|endoftext|>"), "bos_token_id": None}
+    assert config == {**published, **{k: v for k, v in TINY_WIDTHS.items() if k in published}, **kit}
+    assert (config["num_hidden_layers"], config["num_experts"], config["hidden_size"]) == (LAYERS, EXPERTS, 32)
     assert sorted(p.name for p in next80b.glob("*.safetensors")) == [
         f"model-{i:05d}-of-00041.safetensors" for i in range(1, 42)]
     experts = [n for n in weight_map if re.search(r"\.mlp\.experts\.\d+\.", n)]
@@ -178,7 +184,7 @@ def test_scale_calibration_with_one_layer_resident(tmp_path):
     """The FP8 KV-cache and static input scales observed with one decoder layer resident at a time, on the 80B
     topology cut to 8 layers (512 experts each; the bound is per layer, and 8 layers keep it to seconds: the
     48-layer pass is benchmarks/build_scale.py's `scales` step, with its peak RSS)."""
-    from build.input_scales import activation_amax
+    from build.activations import activation_amax
 
     layers = 8
     folder = write_topology(tmp_path / "model", "qwen3-next-80b", seed=0, layers=layers)

@@ -108,7 +108,7 @@ def test_token_bins_and_bad_traces(tmp_path):
 def test_traces_use_the_solvers_prompt(tmp_path, arc_data):
     from transformers import AutoTokenizer
 
-    from build.traces import make_traces
+    from training.calibration_traces import make_traces
     from submission.config import PromptConfig
     from submission.prompt import render
     from submission.tasks import load_tasks

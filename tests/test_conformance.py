@@ -15,7 +15,7 @@ import pytest
 
 from conformance import (DOC, ROOT, STUDY, TABLES, TableError, effective, load_table, missing_lines, problems,
                          rehearsal_changes, render, tables)
-from submission.config import PROFILES
+from submission.profiles import PROFILES
 
 
 def combined(path: Path) -> bool:
@@ -193,9 +193,9 @@ def test_the_rft_table_checks_a_training_config(tmp_path):
 
 
 def tomllib_value(value) -> str:
-    from submission.config import _toml_value
+    from submission.strict_toml import value as toml_value
 
-    return _toml_value(value)
+    return toml_value(value)
 
 
 @pytest.mark.parametrize("row, message", [

@@ -257,7 +257,7 @@ def test_admit_takes_every_family_and_its_funnel_adds_up_by_family(tmp_path, cap
         assert funnel["admitted"] >= 1, family
     admitted = [funnel["admitted"] for funnel in funnels.values()]
     assert f"| admitted | {' | '.join(map(str, admitted))} | {sum(admitted)} |" in printed
-    assert "| candidates | 6 | 6 | 6 | 6 | 24 |" in printed
+    assert f"| candidates | {' | '.join(['6'] * len(rules.FAMILIES))} | {6 * len(rules.FAMILIES)} |" in printed
     rows = [json.loads(line) for line in (tmp_path / "a" / "rules.jsonl").read_text().splitlines()]
     assert Counter(row["family"] for row in rows) == {f: funnel["admitted"] for f, funnel in funnels.items()}
     for row in rows:

@@ -1,4 +1,5 @@
-"""training/corpus: the count-pack, symmetry-repair and rays families (typed stages, oracle, scenes, gate)."""
+"""training/corpus: the count-pack, symmetry-repair, rays, gravity, connect and recolour families (typed stages,
+oracle, scenes, gate)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,20 @@ import hashlib
 import numpy as np
 import pytest
 
-from training.corpus import admission, dsl, family_count, family_rays, family_symmetry, gate, oracle, rules, scenes
+from training.corpus import (admission, dsl, family_connect, family_count, family_gravity, family_rays, family_recolour,
+                             family_symmetry, gate, oracle, rules, scenes)
+from training.corpus.family_connect import Connect
 from training.corpus.family_count import CountPack
+from training.corpus.family_gravity import Gravity
 from training.corpus.family_rays import Rays
+from training.corpus.family_recolour import Recolour
 from training.corpus.family_symmetry import SymmetryRepair
 
-MODULES = {"count_pack": family_count, "symmetry_repair": family_symmetry, "rays": family_rays}
+MODULES = {"count_pack": family_count, "symmetry_repair": family_symmetry, "rays": family_rays,
+           "gravity": family_gravity, "connect": family_connect, "recolour": family_recolour}
 SAMPLES = [CountPack("single_cell", "column", "mark", 4), SymmetryRepair("lr", "mark", "repaired"),
-           Rays("right", "wall", "mark")]
+           Rays("right", "wall", "mark"), Gravity("down", "object", "mark"), Connect("both", "through", "own"),
+           Recolour("size", "max", "erase", 8)]
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +30,8 @@ def probes():
     return rules.probe_bank()
 
 
-@pytest.mark.parametrize("module", [family_count, family_symmetry, family_rays, rules])
+@pytest.mark.parametrize("module", [family_count, family_symmetry, family_rays, family_gravity, family_connect,
+                                    family_recolour, rules])
 def test_every_operator_docstring_example_holds(module):
     result = doctest.testmod(module, optionflags=doctest.IGNORE_EXCEPTION_DETAIL)
     assert result.failed == 0 and result.attempted >= 1
@@ -31,7 +39,8 @@ def test_every_operator_docstring_example_holds(module):
 
 def test_every_operator_has_a_docstring_example():
     for module, names in ((family_count, ("has_feature", "pack")), (family_symmetry, ("mirror", "repair")),
-                          (family_rays, ("trace",)), (rules, ("predicate",))):
+                          (family_rays, ("trace",)), (family_gravity, ("fall_cells", "fall_objects")),
+                          (family_connect, ("points",)), (family_recolour, ("passing",)), (rules, ("predicate",))):
         for name in names:
             assert ">>>" in getattr(module, name).__doc__, name
 
@@ -55,6 +64,9 @@ def test_every_rule_round_trips_through_canonical_json_and_variants_differ_in_on
     ({"family": "rays", "directions": "sideways", "stop": "wall", "paint": "mark"}, "directions"),
     ({"family": "count_pack", "feature": "any", "layout": "row", "tile": "mark"}, "connectivity"),
     ({"family": "symmetry_repair", "axis": "lr", "damage": "mark", "output": "repaired", "x": 1}, "x"),
+    ({"family": "gravity", "direction": "sideways", "unit": "cell", "movers": "all"}, "direction"),
+    ({"family": "connect", "axes": "both", "block": "clear"}, "paint"),
+    ({"family": "recolour", "prop": "size", "test": "even", "others": "keep", "connectivity": 4}, "test"),
     ({"family": "spirals"}, "family")])
 def test_bad_rule_json_names_the_source_and_the_field(data, named):
     with pytest.raises(dsl.ProgramError, match=rf"^corpus/manifest.jsonl: .*{named}"):
@@ -105,6 +117,59 @@ def test_rays_stop_at_walls_or_pass_behind_them_and_take_the_hit_colour():
         family_rays.run(Rays("cross", "wall", "hit"), crossing)
     clash = scenes.with_key(np.array([[3, 0, 0, 3], [6, 0, 0, 7]]), 0, 3)  # two rays of one colour agree
     assert family_rays.run(Rays("horizontal", "wall", "mark"), clash).tolist() == [[3, 3, 3, 3], [6, 0, 0, 7]]
+
+
+def test_gravity_drops_cells_or_objects_and_can_leave_walls_in_place():
+    body = np.array([[3, 3, 0],
+                     [0, 3, 5],
+                     [0, 0, 0],
+                     [6, 0, 0]])
+    grid = scenes.with_key(body, 0, 3)
+    assert family_gravity.run(Gravity("down", "cell", "all"), grid).tolist() == [[0, 0, 0], [0, 0, 0], [3, 3, 0],
+                                                                                 [6, 3, 5]]
+    # the 3-object falls whole, two rows, until its left arm rests on the 6; the 5 and the 6 stay (walls)
+    assert family_gravity.run(Gravity("down", "object", "mark"), grid).tolist() == [[0, 0, 0], [0, 0, 5], [3, 3, 0],
+                                                                                    [6, 3, 0]]
+    assert family_gravity.run(Gravity("right", "cell", "mark"), grid).tolist() == [[0, 3, 3], [0, 3, 5], [0, 0, 0],
+                                                                                   [6, 0, 0]]
+    with pytest.raises(oracle.NoObjects):
+        family_gravity.run(Gravity("up", "cell", "mark"), scenes.with_key(np.array([[5, 0], [0, 0]]), 0, 3))
+
+
+def test_connect_joins_facing_points_of_one_colour_around_or_through_walls():
+    body = np.array([[4, 0, 0, 0, 4],
+                     [0, 0, 0, 0, 0],
+                     [4, 0, 0, 0, 0],
+                     [0, 0, 0, 0, 0],
+                     [6, 0, 7, 0, 6]])
+    grid = scenes.with_key(body, 0, 3)
+    assert family_connect.run(Connect("horizontal", "clear", "own"), grid).tolist() == [
+        [4, 4, 4, 4, 4], [0, 0, 0, 0, 0], [4, 0, 0, 0, 0], [0, 0, 0, 0, 0], [6, 0, 7, 0, 6]]
+    assert family_connect.run(Connect("horizontal", "through", "mark"), grid)[4].tolist() == [6, 3, 7, 3, 6]
+    assert family_connect.run(Connect("vertical", "clear", "own"), grid)[:, 0].tolist() == [4, 4, 4, 0, 6]
+    with pytest.raises(oracle.Ambiguous):  # the 4-line and the 5-line cross at the centre
+        family_connect.run(Connect("both", "through", "own"),
+                           scenes.with_key(np.array([[0, 0, 4, 0, 0], [0] * 5, [5, 0, 0, 0, 5], [0] * 5,
+                                                     [0, 0, 4, 0, 0]]), 0, 3))
+    with pytest.raises(oracle.EmptyMask):
+        family_connect.run(Connect("diagonal", "clear", "own"), grid)
+
+
+def test_recolour_paints_every_object_that_passes_ties_included():
+    body = np.array([[5, 5, 0, 6],
+                     [0, 0, 0, 6],
+                     [7, 0, 0, 0],
+                     [0, 8, 8, 0]])
+    grid = scenes.with_key(body, 0, 3)
+    # sizes under 4-connectivity: 2, 2, 1, 2 (the 7 and the 8s touch at a corner: one object of 3 under 8)
+    assert family_recolour.run(Recolour("size", "max", "keep", 4), grid).tolist() == [
+        [3, 3, 0, 3], [0, 0, 0, 3], [7, 0, 0, 0], [0, 3, 3, 0]]
+    assert family_recolour.run(Recolour("size", "unique", "erase", 8), grid).tolist() == [
+        [0, 0, 0, 0], [0, 0, 0, 0], [3, 0, 0, 0], [0, 3, 3, 0]]
+    assert family_recolour.run(Recolour("height", "odd", "keep", 4), grid)[0].tolist() == [3, 3, 0, 6]
+    with pytest.raises(oracle.EmptyMask):
+        family_recolour.run(Recolour("width", "unique", "keep", 4),
+                            scenes.with_key(np.array([[5, 0, 6]]), 0, 3))
 
 
 @pytest.mark.parametrize("program", SAMPLES, ids=lambda p: p.family)

@@ -1,5 +1,5 @@
 """training/corpus/mix.py: real ARC tasks mixed with a generated corpus's training split at a fraction, seeded,
-heldout/ refused; and each entry point that takes the mix (training.traces, build.traces, training.grid_tune)."""
+heldout/ refused; and each entry point that takes the mix (training.traces, training.calibration_traces, training.grid_tune)."""
 
 from __future__ import annotations
 
@@ -132,11 +132,11 @@ def test_training_traces_selects_the_mix(real, corpus, arc_data, tmp_path):
     assert len(tasks) == 5 and len({t.id for t in tasks} & corpus_ids(corpus)) == 1
 
 
-def test_build_traces_mixes_the_corpus_into_calibration_traces(corpus, arc_data, tmp_path):
+def test_calibration_traces_mix_the_corpus_in(corpus, arc_data, tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from build.tiny import make_tokenizer
-    from build.traces import main
+    from training.calibration_traces import main
 
     model = tmp_path / "m"
     make_tokenizer(model)  # --thinking 0 reads only the tokenizer

@@ -9,6 +9,7 @@ from build.adoption import adoption
 from build.experts import ListConfig, arc_list, build_lists, code_list, dropped_share, frequency, load_config, \
     reap_list, report, s288p_list
 from build.stats import BINS, RoutingStats, bin_of
+from submission.strict_toml import TomlError
 
 L, E, TOP_K = 2, 32, 2
 
@@ -100,6 +101,20 @@ def test_lists_and_report(tmp_path):
     assert load_config(tmp_path / "lists.toml").reap_k == 8
     (tmp_path / "bad.toml").write_text("reap_kk = 8\n")
     with pytest.raises(ValueError, match="unknown key"):
+        load_config(tmp_path / "bad.toml")
+
+
+def test_list_configs_are_read_strictly(tmp_path):
+    """The shipped configs load; a missing file, a mistyped value or a bad setting names the file and the key."""
+    assert load_config("build/lists.toml") == ListConfig()
+    assert load_config("build/lists-tiny.toml").reap_k < ListConfig().reap_k
+    with pytest.raises(TomlError, match=r"absent\.toml: cannot read"):
+        load_config(tmp_path / "absent.toml")
+    (tmp_path / "bad.toml").write_text('reap_k = "8"\n')
+    with pytest.raises(TomlError, match=r"bad\.toml\.reap_k: expected int, got str"):
+        load_config(tmp_path / "bad.toml")
+    (tmp_path / "bad.toml").write_text("reap_k = 500\n")
+    with pytest.raises(TomlError, match=r"bad\.toml: need 0 < reap_k <= wide_k"):
         load_config(tmp_path / "bad.toml")
 
 

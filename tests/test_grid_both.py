@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from submission.attempts import AttemptRecord, read_log
-from submission.grid.merge import merge_logs, merged_answers, merged_order
+from submission.attempts import AttemptRecord, GridDetail, read_log
 from submission.grid.rescore import Candidate as GridCandidate
 from submission.grids import EMPTY_ANSWER
+from submission.merge import merge_logs, merged_answers, merged_order
 from submission.schedule import Level
 from submission.selection import Candidate, Source
 
@@ -44,10 +44,10 @@ def test_merge_logs_takes_each_lines_records_and_a_redone_tasks_last_candidates(
     reasoning = [AttemptRecord("t", 0, 1, Level.FIRST, 0, 100, grid=C),
                  AttemptRecord("other", 0, 1, Level.FIRST, 0, 100, grid=C)]  # not in this run's tasks
     grid_line = [AttemptRecord("t", 1, 1, Level.FIRST, 0, 0, grid=A,
-                               grid_line={"candidates": [GridCandidate(A, 1, 0.5).to_json()]}),
+                               grid_line=GridDetail(candidates=(GridCandidate(A, 1, 0.5).to_json(),))),
                  AttemptRecord("t", 1, 1, Level.FIRST, 0, 0, grid=B,  # the task redone after a kill
-                               grid_line={"candidates": [GridCandidate(B, 0, 0.5).to_json()]}),
-                 AttemptRecord("t", 1, 2, Level.SECOND, 0, 0, grid=B, grid_line={"worker": 0})]
+                               grid_line=GridDetail(candidates=(GridCandidate(B, 0, 0.5).to_json(),))),
+                 AttemptRecord("t", 1, 2, Level.SECOND, 0, 0, grid=B, grid_line=GridDetail(worker=0))]
     assert merge_logs({"t": 2}, reasoning, grid_line) == {("t", 0): (C, EMPTY_ANSWER), ("t", 1): (B, EMPTY_ANSWER)}
 
 
@@ -60,8 +60,8 @@ def test_a_combined_run_writes_the_merge_of_both_lines(arc_data, tmp_path, repla
 
     from build.grid_vocab import cut
     from build.tiny import make_checkpoint
-    from submission.grid.config import grid_profile_to_toml, load_grid_profile
     from submission.grid.queue import task_cost
+    from submission.profiles import load_grid_profile, to_toml
     from submission.tasks import load_tasks
 
     # the two cheapest evaluation tasks, in a folder of their own (the run takes a folder's tasks by id)
@@ -86,7 +86,7 @@ def test_a_combined_run_writes_the_merge_of_both_lines(arc_data, tmp_path, repla
                    search=replace(grid.search, dihedrals=1, colour_perms=2, batch_s=2.0, preload=True),
                    rescore=replace(grid.rescore, views=1),
                    run=replace(grid.run, min_task_s=2.0, max_task_s=4.0))
-    (tmp_path / "grid.toml").write_text(grid_profile_to_toml(grid))
+    (tmp_path / "grid.toml").write_text(to_toml(grid))
     (tmp_path / "both.toml").write_text(
         f'line = "both"\npoll_s = 0.5\n[reasoning]\nprofile = "{replay}"\n'
         f'[grid]\nprofile = "{tmp_path / "grid.toml"}"\nworkers = ["cpu"]\nmodel = "{grid_model}"\n')
@@ -116,7 +116,7 @@ def test_a_combined_run_writes_the_merge_of_both_lines(arc_data, tmp_path, repla
     first = tasks[0]
     for index, label in enumerate(first.test_outputs):
         found = [r for r in grid_log if r.attempt == 1 and r.task_id == first.id and r.test_index == index]
-        if any(c["hits"] for c in found[-1].grid_line["candidates"]):
+        if any(c["hits"] for c in found[-1].grid_line.candidates):
             continue  # the random model found an answer in a view: it ranks before the reasoning grids (tier 2)
         # the reasoning line's right grid first, the grid line's fallback answer second: both lines in one slot
         assert answer[first.id][index]["attempt_1"] == [list(row) for row in label]
@@ -127,10 +127,8 @@ def test_a_combined_run_writes_the_merge_of_both_lines(arc_data, tmp_path, repla
 
 
 def test_shipped_combined_profiles_give_each_line_its_share(tmp_path):
-    from submission.config import ProfileError, load_profile
-    from submission.grid import is_grid_profile
-    from submission.grid.both import line_profiles, load_both_profile
-    from submission.grid.config import load_grid_profile
+    from submission.profiles import (ProfileError, is_grid_profile, line_profiles, load_both_profile, load_grid_profile,
+                                     load_profile)
 
     assert is_grid_profile("both-4xL4") and load_both_profile("both-tiny").grid.workers == ("cpu",)
     both = load_both_profile("both-4xL4")
@@ -145,7 +143,7 @@ def test_shipped_combined_profiles_give_each_line_its_share(tmp_path):
     # the commit run's rehearsal (--scale-schedule): both lines' margins and caps scaled to its deadline
     from dataclasses import replace
 
-    from submission.grid.both import line_configs
+    from submission.profiles import line_configs
 
     r, g = line_configs(load_both_profile("both-tiny"), 600.0, scale=True)
     assert r.schedule == load_profile("cpu-tiny").schedule.scaled(600.0) and r.schedule.cap_first_single == 192

@@ -221,8 +221,7 @@ def test_the_run_refuses_a_checkpoint_without_the_token_before_any_worker(tmp_pa
 
 
 def test_a_profile_names_a_known_format(tmp_path):
-    from submission.config import ProfileError
-    from submission.grid.config import load_grid_profile
+    from submission.profiles import ProfileError, load_grid_profile
 
     path = tmp_path / "grid-x.toml"
     path.write_text('line = "grid"\n[model]\nformat = "kit32"\n')
@@ -241,10 +240,10 @@ def test_a_tiny_checkpoint_with_nvarcs_tokenizer_solves_a_task(tmp_path, arc_dat
     pytest.importorskip("peft")
     from build.grid_vocab import cut
     from build.tiny import make_checkpoint
-    from submission.grid.config import load_grid_profile
     from submission.grid.model import load_adapter
     from submission.grid.queue import task_cost
     from submission.grid.solve import solve_task
+    from submission.profiles import load_grid_profile
     from training.grid_tune import main as tune
 
     kit = cut(make_checkpoint(tmp_path / "base", "qwen3", seed=5), tmp_path / "kit")

@@ -11,8 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from submission.grid.config import load_grid_profile  # noqa: E402
 from submission.grid.queue import task_cost  # noqa: E402
+from submission.profiles import load_grid_profile  # noqa: E402
 from submission.tasks import load_tasks  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -97,8 +97,8 @@ def test_the_trainings_report_reaches_the_attempt_log_and_its_lines_name_the_tas
         log.append(record)
     log.close()
     detail = next(r for r in read_log(tmp_path / "attempts.jsonl") if r.attempt == 1).grid_line
-    assert (detail["ttt_planned"], detail["ttt_steps"], detail["ttt_skipped"]) == (3, 3, 0)
-    assert detail["ttt_checkpointing"] is True and detail["ttt_oom_retries"] == 1
+    assert (detail.ttt_planned, detail.ttt_steps, detail.ttt_skipped) == (3, 3, 0)
+    assert detail.ttt_checkpointing is True and detail.ttt_oom_retries == 1
     training = [line for line in lines if "ttt:" in line]
     assert any("checkpointing off" in line for line in training) and any("retried" in line for line in training)
     assert all(line.startswith(f"task {task.id}: ttt: ") for line in training), training

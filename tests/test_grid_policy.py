@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from submission.grid.config import load_grid_profile
 from submission.grid.queue import TaskQueue, task_cost, time_limit
 from submission.grid.rescore import Candidate, choose, rescore, rescoring_views, search_views
 from submission.grids import EMPTY_ANSWER
+from submission.profiles import load_grid_profile
 from submission.tasks import load_tasks
 
 
@@ -100,7 +100,7 @@ def load_tasks_with_labels(tasks):
 
 
 def test_shipped_grid_profiles_load():
-    from submission.grid import is_grid_profile
+    from submission.profiles import is_grid_profile
 
     assert is_grid_profile("grid-tiny") and not is_grid_profile("cpu-tiny")  # what submission.main dispatches on
     profile = load_grid_profile("grid-tiny")
@@ -111,16 +111,16 @@ def test_shipped_grid_profiles_load():
     assert (search.cutoff, search.dihedrals * search.colour_perms, study.rescore.views) == (0.2, 16, 8)
     assert study.run.max_len == (13312, 12288, 10240, 8192) and len(study.run.devices) == 4
     with pytest.raises(ValueError, match="unknown key"):
-        from submission.config import _build
         from submission.grid.config import GridProfile
+        from submission.profiles import from_table
 
-        _build(GridProfile, {"search": {"cut_off": 0.2}}, "x.toml")
+        from_table(GridProfile, {"search": {"cut_off": 0.2}}, "x.toml")
 
 
 def test_dfs_batch_is_checked_against_the_batch_it_splits(tmp_path):
     """search.dfs_batch: views searched in lockstep, so at least 1 and at most the views of a batch; a bad value
     names the file and the field."""
-    from submission.config import ProfileError
+    from submission.profiles import ProfileError
 
     assert load_grid_profile("grid-tiny").search.dfs_batch >= 1
     for value in (0, 5):
@@ -165,9 +165,35 @@ def test_a_task_budget_by_size_shares_the_time_in_proportion_to_need():
     ({"size_tokens": (1000,), "task_s": (500.0,), "ttt_s": (600.0,)}, "each run.ttt_s within it"),
 ])
 def test_a_budget_table_that_does_not_line_up_is_refused_by_name(bad, message, tmp_path):
-    from submission.config import ProfileError
+    from submission.profiles import ProfileError
 
     lines = "\n".join(f"{k} = {list(v)}" for k, v in bad.items())
     (tmp_path / "bad.toml").write_text(f'line = "grid"\n[run]\n{lines}\n')
     with pytest.raises(ProfileError, match=rf"bad.toml.*{message}"):
         load_grid_profile(tmp_path / "bad.toml")
+
+
+def test_the_grid_detail_of_a_record_reads_and_writes_the_logs_keys_and_refuses_unknown_ones():
+    """The grid line's part of an attempt record is typed (submission.attempts.GridDetail, issue 30) but its JSON is
+    the log's as before: attempt 1 with every key in the order the workers wrote them, attempt 2 with `worker`
+    alone; a log from before the training's report (no ttt_checkpointing, ttt_oom_retries, ttt_skipped) still
+    reads; a misspelt key is refused by name."""
+    import json
+
+    from submission.attempts import AttemptRecord, GridDetail
+
+    first = {"worker": 1, "time_limit_s": 1200.0, "stage_s": {"ttt": 400.0, "search": 500.0, "rescore": 100.0},
+             "ttt_steps": 30, "ttt_planned": 32, "ttt_checkpointing": True, "ttt_oom_retries": 1, "ttt_skipped": 0,
+             "ttt_loss": [2.5, 0.75], "search_steps": 812, "complete": True,
+             "candidates": [{"grid": [[1, 2]], "hits": 3, "nll": 0.25}]}
+    base = {"task_id": "t", "test_index": 0, "level": 0, "seed": 0, "cap": 0}
+    for detail in (first, {"worker": 1}):
+        line = json.dumps({**base, "attempt": 1, "grid_line": detail})
+        record = AttemptRecord.from_json(json.loads(line))
+        assert isinstance(record.grid_line, GridDetail)
+        assert json.dumps(record.to_json()["grid_line"]) == json.dumps(detail)  # same keys, same order
+    older = {k: v for k, v in first.items() if k not in ("ttt_checkpointing", "ttt_oom_retries", "ttt_skipped")}
+    record = AttemptRecord.from_json({**base, "attempt": 1, "grid_line": older})
+    assert record.grid_line.ttt_loss == (2.5, 0.75) and record.grid_line.ttt_checkpointing is None
+    with pytest.raises(ValueError, match=r"grid_line: unknown fields \['ttt_skiped'\]"):
+        AttemptRecord.from_json({**base, "attempt": 1, "grid_line": {"worker": 0, "ttt_skiped": 1}})

@@ -20,8 +20,8 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from submission.attempts import read_log  # noqa: E402
-from submission.grid.config import grid_profile_to_toml, load_grid_profile  # noqa: E402
 from submission.grid.queue import task_cost  # noqa: E402
+from submission.profiles import load_grid_profile, to_toml  # noqa: E402
 from submission.tasks import load_tasks  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,7 +42,7 @@ def test_a_killed_run_resumes_without_redoing_or_losing_tasks(arc_data, tmp_path
                       search=replace(profile.search, dihedrals=1, colour_perms=2, batch_s=2.0),
                       rescore=replace(profile.rescore, views=1),
                       run=replace(profile.run, devices=("cpu",), min_task_s=2.0, max_task_s=4.0))
-    (tmp_path / "grid.toml").write_text(grid_profile_to_toml(profile))
+    (tmp_path / "grid.toml").write_text(to_toml(profile))
     evaluation = tmp_path / "tasks"  # the three cheapest evaluation tasks
     evaluation.mkdir()
     for task in sorted(load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks, key=task_cost)[:3]:

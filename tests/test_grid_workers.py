@@ -12,6 +12,8 @@ import json
 import os
 import signal
 import struct
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,8 +23,8 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from submission.attempts import read_log  # noqa: E402
-from submission.grid.config import load_grid_profile  # noqa: E402
 from submission.grid.queue import task_cost  # noqa: E402
+from submission.profiles import load_grid_profile  # noqa: E402
 from submission.tasks import TaskSet, load_tasks  # noqa: E402
 
 
@@ -76,7 +78,7 @@ def test_a_killed_worker_loses_nothing(grid_model, arc_data, tmp_path):
     records = read_log(tmp_path / "attempts.jsonl")
     assert len(records) == 2 * sum(len(t.test_inputs) for t in tasks.tasks)
     firsts = [r for r in records if r.attempt == 1]
-    assert all("candidates" in r.grid_line and "stage_s" in r.grid_line for r in firsts)
+    assert all(r.grid_line.candidates is not None and r.grid_line.stage_s is not None for r in firsts)
     assert all(r.grid is not None or r.parse_error for r in records)
     assert len(snapshots) >= 2 * len(tasks.tasks)
 
@@ -163,3 +165,18 @@ def test_a_worker_dying_mid_report_holds_up_no_other(grid_model, arc_data, tmp_p
     assert len(stats.lost) == 1 and stats.lost[0][0] == 0
     assert sorted(stats.done) == sorted(t.id for t in tasks.tasks)
     assert set(stats.by_worker.values()) == {1}
+
+
+def test_a_grid_run_in_process_leaves_no_watchdog_behind(grid_model, arc_data, tmp_path):
+    """training.corpus probe runs the solver in its own process (`submission.main.main(argv, watchdog=False)`), once
+    per panel: a grid profile must not arm a watchdog there, or `os._exit` (or SIGALRM) ends the caller after the run
+    returns (issue 30). The run here takes a 3 s deadline; the caller then lives past it and says so."""
+    argv = ["--tasks", str(arc_data / "arc-agi-2" / "evaluation"), "--max-tasks", "1", "--profile", "grid-tiny",
+            "--model", str(grid_model), "--out", str(tmp_path / "submission.json"), "--deadline", "3",
+            "--scale-schedule"]
+    script = ("import sys, time\nfrom submission.main import main\n"
+              f"status = main({argv!r}, watchdog=False)\nprint('returned', status, flush=True)\ntime.sleep(5)\n"
+              "print('still alive', flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                          text=True, timeout=120)
+    assert "still alive" in done.stdout, (done.returncode, done.stdout, done.stderr[-2000:])

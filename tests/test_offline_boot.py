@@ -84,11 +84,11 @@ def test_a_grid_line_bundle_boots_offline_and_rehearses(tmp_path, arc_data):
 @pytest.mark.timeout(1800)
 def test_a_combined_bundle_boots_offline_and_merges_both_lines(tmp_path, arc_data):
     """both-tiny's bundle: the tiny Qwen3 for the reasoning line (hf engine) in model/, the same cut to 16 tokens for
-    one grid worker in grid-model/; the rehearsal runs submission.grid.both on two real tasks and ends once each
+    one grid worker in grid-model/; the rehearsal runs submission.both on two real tasks and ends once each
     line's log has a finished attempt per task; its answer file is the merge of the two logs."""
     from build.grid_vocab import cut
     from submission.attempts import read_log
-    from submission.grid.merge import merge_logs
+    from submission.merge import merge_logs
 
     challenges = kaggle_input(tmp_path, arc_data, count=2)
     reasoning = make_checkpoint(tmp_path / "base", "qwen3", seed=0)

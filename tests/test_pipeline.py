@@ -1,5 +1,5 @@
-"""build.pipeline end to end on a tiny Qwen3-MoE (prune, quantise, patch, bundle), and split files reassembled at
-boot. Needs the build environment (make build-env) and the CPU target's wheels (make wheels)."""
+"""build.pipeline end to end on a tiny Qwen3-MoE (prune, patch, quantise, bundle), the chain's order, and split
+files reassembled at boot. Needs the build environment (make build-env) and the CPU target's wheels (make wheels)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ pytest.importorskip("compressed_tensors.entrypoints.convert.converters.magnitude
                     reason="the pipeline needs the build environment (make build-env)")
 
 from build.bundle import bundle, verify  # noqa: E402
-from build.pipeline import run  # noqa: E402
+from build.pipeline import chain, run  # noqa: E402
 from build.tiny import make_checkpoint  # noqa: E402
 from offline_wheels.lock import sha256  # noqa: E402
 from submission.bundle_files import join_split_files  # noqa: E402
 
 
-def test_prune_quantise_patch_bundle(tmp_path):
+def test_prune_patch_quantise_bundle(tmp_path):
     model = make_checkpoint(tmp_path / "moe", "qwen3_moe", seed=0, patched=False,
                             widths={"moe_intermediate_size": 128})  # the W4A16 recipe's groups of 128
     (tmp_path / "list.json").write_text(json.dumps({"name": "half", "experts": [[0, 2, 4, 6], [1, 3, 5, 7]]}))
@@ -37,6 +37,28 @@ def test_prune_quantise_patch_bundle(tmp_path):
     assert verify(dataset) == ["sha256 differs: model/config.json"]  # every hash at build time, model included
     config_file.write_text("{}")
     assert verify(dataset) == ["size differs: model/config.json"]
+
+
+@pytest.mark.parametrize("scheme", ["FP8_DYNAMIC", "NVFP4A16"])
+def test_the_chain_patches_before_quantising_so_the_head_is_quantised_with_its_end_rows_zero(tmp_path, read_tensors,
+                                                                                           scheme):
+    """A recipe that quantises the output head: patched first, the head (for a tied checkpoint, the untied copy the
+    patch makes) is quantised as the recipe says and its end-of-turn rows stay exactly zero. Quantised first, a tied
+    head is not there to quantise (the recipe's rule is skipped, the patch then writes a BF16 head) and an NVFP4 head
+    has no `lm_head.weight` for the patch to edit."""
+    from build.patch_eot import PATCH_KEY
+    from build.schemes import dequantize
+
+    model = make_checkpoint(tmp_path / "tied", "qwen3", seed=0, patched=False, tied=True)
+    (tmp_path / "head.toml").write_text(f'name = "head"\n[[rules]]\npattern = "^lm_head$"\nscheme = "{scheme}"\n')
+    result = chain(model, lambda step: tmp_path / step, recipe=tmp_path / "head.toml")
+    assert result == tmp_path / "quantized" and (tmp_path / "patched").exists()
+    config = json.loads((result / "config.json").read_text())
+    assert config["quantization_config"]["config_groups"]["group_0"]["targets"] == ["lm_head"]
+    tensors = read_tensors(result)
+    head = dequantize({k: v for k, v in tensors.items() if k.startswith("lm_head.")}, "lm_head", scheme).float()
+    rows = config[PATCH_KEY]["end_of_turn_rows_zeroed"]
+    assert rows and head[rows].abs().max() == 0 and head.abs().sum(1).gt(0).sum() == head.shape[0] - len(rows)
 
 
 def test_split_files_are_reassembled(tmp_path):

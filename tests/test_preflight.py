@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from submission.config import load_profile
-from submission.grid.config import load_grid_profile
 from submission.preflight import GIB, Facts, Gpu, checks, cuda_major, gather, parse_nvidia_smi, report
+from submission.profiles import load_grid_profile, load_profile
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_LOCK = (REPO / "offline_wheels" / "locks" / "kaggle-gpu-py311.txt").read_text()
@@ -171,8 +170,8 @@ def kaggle_both(**changes) -> tuple[Facts, Facts]:
 
 
 def both_failed(profile, facts: Facts, grid_facts: Facts) -> dict[str, str]:
-    from submission.grid.both import line_configs, load_both_profile
     from submission.preflight import both_checks
+    from submission.profiles import line_configs, load_both_profile
 
     both = load_both_profile(profile)
     return {c.name: c.detail for c in both_checks(both, line_configs(both), str(profile), facts, grid_facts)
@@ -180,8 +179,8 @@ def both_failed(profile, facts: Facts, grid_facts: Facts) -> dict[str, str]:
 
 
 def test_a_combined_bundle_checks_each_line_on_its_share_of_the_gpus():
-    from submission.grid.both import line_configs, load_both_profile
     from submission.preflight import both_checks
+    from submission.profiles import line_configs, load_both_profile
 
     both = load_both_profile("both-4xL4")
     results = both_checks(both, line_configs(both), "profiles/both-4xL4.toml", *kaggle_both())
@@ -243,8 +242,8 @@ def test_the_command_on_a_combined_bundle_without_its_grid_model(tmp_path):
 
 def test_the_machine_stage_checks_the_gpus_and_driver_each_line_needs():
     """The machine stage (before the wheels): the GPU count and the driver, as the full preflight words them."""
-    from submission.grid.both import line_configs, load_both_profile
     from submission.preflight import both_machine_checks, machine_checks
+    from submission.profiles import line_configs, load_both_profile
 
     machine = kaggle_moe().machine
     assert [(c.name, c.ok) for c in machine_checks(load_profile("moe-4xL4"), machine)] == [

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from submission.config import load_profile
 from submission.engines.base import GenerationRequest
 from submission.engines.vllm import engine_kwargs, sampling_kwargs
+from submission.profiles import load_profile
 from submission.prompt import task_text
 from submission.schedule import InputInfo, Level, Outcome, Request, Scheduler
 from submission.tasks import Pair, Task
@@ -238,7 +238,7 @@ def test_moe_direct_uses_the_engines_default_draft_acceptance():
     ("promote_below_thinking", -1, "promote_below_thinking must be 0"),
 ])
 def test_bad_schedule_values_are_refused_with_the_key(tmp_path, key, value, message):
-    from submission.config import ProfileError
+    from submission.profiles import ProfileError
 
     path = tmp_path / "bad.toml"
     path.write_text(f"[schedule]\n{key} = {value!r}\n".replace("'", '"'))
@@ -247,7 +247,7 @@ def test_bad_schedule_values_are_refused_with_the_key(tmp_path, key, value, mess
 
 
 def test_a_bad_grid_format_is_refused_with_the_key(tmp_path):
-    from submission.config import ProfileError
+    from submission.profiles import ProfileError
 
     path = tmp_path / "bad.toml"
     path.write_text('[prompt]\ngrid_format = "yaml"\n')

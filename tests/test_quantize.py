@@ -21,6 +21,7 @@ from build.quantize import (Recipe, Rule, dequantize, dequantize_checkpoint, fp8
                             quantize)
 from build.tiny import make_checkpoint  # noqa: E402
 from reference_quantize import reference_quantize  # noqa: E402  (tests/ is on the path)
+from submission.strict_toml import TomlError  # noqa: E402
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 RECIPE = "build/recipes/moe-4xL4.toml"  # the study's W4A16 format
@@ -102,15 +103,40 @@ def test_recipes():
     assert recipe.scheme_for("model.layers.3.self_attn.q_proj") == "FP8_DYNAMIC"
     assert recipe.scheme_for("model.layers.3.input_layernorm") == "BF16"
     assert Recipe("r", (Rule(r"x", "FP8_DYNAMIC", (0, 1)),)).scheme_for("model.layers.2.x") == "BF16"
+    assert Recipe("r", (Rule(r"x", "FP8_DYNAMIC", (0, 1)),)).scheme_for("mtp.layers.0.x") == "BF16"  # not layer 0
+    assert Recipe("r", (Rule(r"x", "FP8_DYNAMIC"),)).scheme_for("mtp.layers.0.x") == "FP8_DYNAMIC"
+    assert {load_recipe(p).check.max_nll_increase for p in Path("build/recipes").glob("*.toml")} == {0.02}
 
 
 def test_bad_recipe(tmp_path):
-    (tmp_path / "r.toml").write_text('[[rules]]\npattern = "x"\nscheme = "INT3"\n')
-    with pytest.raises(ValueError, match=r"rules\[0\]: needs pattern and scheme"):
-        load_recipe(tmp_path / "r.toml")
-    (tmp_path / "r.toml").write_text('[[rules]]\npattern = "("\nscheme = "BF16"\n')
-    with pytest.raises(ValueError, match=r"rules\[0\].pattern"):
-        load_recipe(tmp_path / "r.toml")
+    """Every way a recipe file can be wrong stops the build before any work, naming the file and the key."""
+    path = tmp_path / "r.toml"
+    with pytest.raises(TomlError, match=r"r\.toml: cannot read"):
+        load_recipe(path)
+    path.write_text('[[rules]]\npattern = "x"\nscheme = "INT3"\n')
+    with pytest.raises(TomlError, match=r"r\.toml\.rules\[0\]: scheme must be one of .*, not 'INT3'"):
+        load_recipe(path)
+    path.write_text('[[rules]]\npattern = "("\nscheme = "BF16"\n')
+    with pytest.raises(TomlError, match=r"r\.toml\.rules\[0\]: pattern '\(': missing \)"):
+        load_recipe(path)
+    path.write_text('[[rules]]\nscheme = "BF16"\n')
+    with pytest.raises(TomlError, match=r"r\.toml\.rules\[0\]: .*missing .*'pattern'"):
+        load_recipe(path)
+    path.write_text('[[rules]]\npattern = "x"\nscheme = "BF16"\nlayer = [0, 3]\n')
+    with pytest.raises(TomlError, match=r"r\.toml\.rules\[0\]: unknown key\(s\) layer"):
+        load_recipe(path)
+    path.write_text('[[rules]]\npattern = "x"\nscheme = "BF16"\nlayers = [3]\n')
+    with pytest.raises(TomlError, match=r"r\.toml\.rules\[0\]: layers must be \[first, last\]"):
+        load_recipe(path)
+    path.write_text('[[rules]]\npattern = "x"\nscheme = "BF16"\n[check]\nmax_nll_increse = 0.1\n')
+    with pytest.raises(TomlError, match=r"r\.toml\.check: unknown key\(s\) max_nll_increse"):
+        load_recipe(path)
+    path.write_text('nmae = "r"\n[[rules]]\npattern = "x"\nscheme = "BF16"\n')
+    with pytest.raises(TomlError, match=r"r\.toml: unknown key\(s\) nmae"):
+        load_recipe(path)
+    path.write_text('[[rules]]\npattern = "x"\nscheme = "BF16"\nlayers = [2, 4]\n[check]\nmax_nll_increase = 1\n')
+    recipe = load_recipe(path)
+    assert (recipe.name, recipe.rules[0].layers, recipe.check.max_nll_increase) == ("r", (2, 4), 1.0)
 
 
 def test_recipes_that_match_nothing_or_split_a_fused_linear_are_refused(tmp_path):
@@ -167,7 +193,8 @@ def test_likelihood_check_dequantises_a_quantised_candidate(tmp_path):
 
 
 def test_kv_cache_scales(tmp_path, arc_data, read_tensors):
-    from build.kv_scales import FP8_MAX, calibration_prompts, kv_amax, scales
+    from build.activations import kv_amax
+    from build.kv_scales import FP8_MAX, calibration_prompts, scales
     from submission.tasks import load_tasks
 
     source = make_checkpoint(tmp_path / "model", "qwen3", seed=0)
@@ -206,7 +233,7 @@ def test_kv_cache_scales(tmp_path, arc_data, read_tensors):
 
 
 def test_static_schemes_carry_calibrated_input_scales(tmp_path, arc_data, read_tensors):
-    from build.input_scales import input_amax
+    from build.activations import input_amax
     from build.kv_scales import calibration_prompts
     from submission.tasks import load_tasks
 

@@ -132,7 +132,8 @@ def test_merge_requantises_and_recomputes_the_kv_scales_on_the_merged_model(setu
     scales come from the merged model's own activations on the calibration tasks, not from the base's."""
     import shutil
 
-    from build.kv_scales import calibration_prompts, kv_amax, scales
+    from build.activations import kv_amax
+    from build.kv_scales import calibration_prompts, scales
 
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from submission.strict_toml import TomlError
 from training.dataset import IGNORE, Row, grid_part, grid_target
 from training.memory import memory_plan, spans
-from training.rft import (TARGETS, TrainConfig, load_config, resolve_dtype, resolve_targets, token_weights,
+from training.rft import (TARGETS, TrainConfig, load_config, main, resolve_dtype, resolve_targets, token_weights,
                           within_length)
 
 CUE = ("\n\nThe transformation as a self-contained Python function:\n```python\ndef transform(grid):\n"
@@ -90,6 +91,35 @@ def test_bad_memory_settings_name_the_file_and_field(tmp_path):
     path.write_text('base = "b"\nrows = "r"\nout = "o"\ndtype = "bf16"\n')
     with pytest.raises(ValueError, match="rft.toml: dtype must be"):
         load_config(path)
+
+
+def test_an_unreadable_config_names_the_file_and_key(tmp_path):
+    """load_config reads through submission.strict_toml: a missing file, invalid TOML, an unknown or mistyped key
+    (top level or in [corpus]) stop the run before it starts, naming the file and the key."""
+    path = tmp_path / "rft.toml"
+    with pytest.raises(TomlError, match=r"rft\.toml: cannot read"):
+        load_config(path)
+    path.write_text('base = "b"\nrows = "r"\nout = \n')
+    with pytest.raises(TomlError, match=r"rft\.toml: not valid TOML"):
+        load_config(path)
+    path.write_text('base = "b"\nrows = "r"\nout = "o"\nrnak = 8\n')
+    with pytest.raises(TomlError, match=r"rft\.toml: unknown key\(s\) rnak"):
+        load_config(path)
+    path.write_text('base = "b"\nrows = "r"\nout = "o"\nrank = "32"\n')
+    with pytest.raises(TomlError, match=r"rft\.toml\.rank: expected int, got str"):
+        load_config(path)
+    path.write_text('base = "b"\nrows = "r"\nout = "o"\n[corpus]\ndir = "c"\nratio = 0.25\n')
+    with pytest.raises(TomlError, match=r"rft\.toml\.corpus: unknown key\(s\) ratio"):
+        load_config(path)
+    path.write_text('base = "b"\nrows = "r"\nout = "o"\n[corpus]\ndir = "c"\nfraction = 0.25\n')
+    assert (load_config(path).corpus.dir, load_config(path).corpus.fraction) == ("c", 0.25)
+
+
+def test_the_command_line_refuses_a_bad_config_with_exit_2(tmp_path, capsys):
+    path = tmp_path / "rft.toml"
+    path.write_text('base = "b"\nrows = "r"\nout = "o"\ntargets = "q_proj"\n')
+    assert main(["--config", str(path)]) == 2
+    assert "rft.toml.targets: expected an array, got str" in capsys.readouterr().err
 
 
 def test_fused_projections_are_mapped_only_whole():

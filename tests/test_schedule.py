@@ -236,7 +236,7 @@ def test_a_time_limit_inside_the_margins_is_refused_with_the_numbers():
 
 
 def test_a_profile_with_a_limit_inside_its_margins_is_refused_naming_the_file(tmp_path):
-    from submission.config import ProfileError, load_profile
+    from submission.profiles import ProfileError, load_profile
 
     path = tmp_path / "short.toml"
     path.write_text("[schedule]\ntime_limit_s = 600.0\n")  # the MoE margins: 7 and 15 minutes
@@ -279,9 +279,7 @@ def test_a_rehearsal_whose_engine_starts_late_still_makes_first_attempts(name):
     """Issue 27: moe-4xL4 scaled to the 1,800-s rehearsal, with the engine ready at ~1,370 s as seen on the box.
     Unscaled, cap_margin_tokens (3,000) alone left 8 x (1,775 - 1,370 - 10) - 3,000 = 160 tokens, under the scaled
     min_cap of 167: every input was skipped and the rehearsal failed where the 12-hour run would have worked."""
-    from submission.config import load_profile
-    from submission.grid import profile_line
-    from submission.grid.both import line_configs, load_both_profile
+    from submission.profiles import line_configs, load_both_profile, load_profile, profile_line
 
     if profile_line(name) == "both":
         schedule = line_configs(load_both_profile(name), REHEARSAL_S, scale=True)[0].schedule

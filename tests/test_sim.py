@@ -23,7 +23,7 @@ from sim.run import LatencyEngine, simulate
 from sim.scenario import make_scenario, parse_counts, resolve
 from sim.serving import Job, ServingModel, SharedEngine, Trace, trace_from_windows
 from submission.attempts import AttemptRecord
-from submission.config import load_profile
+from submission.profiles import load_profile
 from submission.schedule import Level, Request
 from submission.tasks import load_tasks
 
@@ -355,3 +355,32 @@ def test_a_calibrated_model_is_written_as_toml_that_loads_back(tmp_path):
     path = tmp_path / "serving.toml"
     path.write_text(to_toml(model, "a note"))
     assert load_serving(path) == model
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda text: text + "kv_tokenz = 5\n", r"serving.toml: unknown key\(s\) kv_tokenz"),
+    (lambda text: text.replace("max_num_seqs = ", "# "), r"serving.toml: missing key\(s\) max_num_seqs"),
+    (lambda text: text.replace("reserve_full_isl = false", 'reserve_full_isl = "no"'),
+     r"serving.toml.reserve_full_isl: expected bool"),
+])
+def test_a_serving_model_file_with_a_bad_key_is_refused_naming_file_and_key(tmp_path, edit, message):
+    """Serving models are read as strict TOML (submission.strict_toml, issue 30): the file and the key in the error."""
+    from sim.calibrate import to_toml
+    from sim.serving import load_serving
+
+    path = tmp_path / "serving.toml"
+    path.write_text(edit(to_toml(replace(MOE, reserve_full_isl=False), "a note")))
+    with pytest.raises(ValueError, match=message):
+        load_serving(path)
+
+
+def test_a_scenario_file_with_an_unknown_key_is_refused_naming_file_and_key(tmp_path):
+    from sim.scenario import read_scenario
+
+    path = tmp_path / "scenario.toml"
+    path.write_text('profile = "moe-4xL4"\n[schedule]\ncap_frist = 1\n')
+    with pytest.raises(ValueError, match=r"scenario.toml.schedule: unknown key\(s\) cap_frist"):
+        read_scenario(path)
+    path.write_text('profil = "moe-4xL4"\n')
+    with pytest.raises(ValueError, match=r"scenario.toml: unknown key\(s\) profil"):
+        read_scenario(path)

@@ -80,7 +80,7 @@ def test_an_agent_attempt_runs_as_its_turns_one_after_another():
 
 def test_the_simulator_scores_every_program_candidate_and_the_weak_pool():
     """The simulator selects with the solver's code: an agent attempt's every program candidate (Algorithm 7 line 16)
-    and its weak pool count, as in the solver (submission.solve.Candidates)."""
+    and its weak pool count, as in the solver (submission.selection.Candidates)."""
     right, wrong, other = ((5,),), ((6,),), ((7,),)
     logged = [  # a: the second candidate is right; b: only the weak pool is; c: one request, as before
         AttemptRecord("a", 0, 1, Level.FIRST, 1, 96_000, natural=True, thinking_tokens=100, grid=other,

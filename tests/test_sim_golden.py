@@ -17,7 +17,7 @@ from sim.forecast import build_inputs, forecast, one_run
 from sim.pool import AttemptPool
 from sim.run import LatencyEngine, SimResult, simulate
 from sim.serving import ServingModel
-from submission.config import load_profile
+from submission.profiles import load_profile
 from submission.tasks import load_tasks
 
 MOE = ServingModel(0.03, 0.0008, 3e-8, 5e-5, 420.0, 4_000_000, 56)

@@ -8,11 +8,10 @@ from dataclasses import replace
 import pytest
 
 from sim.grid import logged_tasks, main, one_run
-from submission.attempts import AttemptLog, AttemptRecord
-from submission.config import PROFILES
-from submission.grid.config import load_grid_profile
+from submission.attempts import AttemptLog, AttemptRecord, GridDetail
 from submission.grid.queue import task_cost
 from submission.grid.rescore import Candidate
+from submission.profiles import PROFILES, load_grid_profile
 from submission.schedule import Level
 from submission.tasks import load_tasks
 
@@ -27,10 +26,10 @@ def _records(tasks):
     out = []
     for n, task in enumerate(tasks):
         for index, label in enumerate(task.test_outputs):
-            detail = {"time_limit_s": 2000.0, "stage_s": {"ttt": 800.0, "search": 700.0, "rescore": 300.0}}
+            detail = GridDetail(time_limit_s=2000.0, stage_s={"ttt": 800.0, "search": 700.0, "rescore": 300.0})
             out.append(AttemptRecord(task.id, index, 1, Level.FIRST, 0, 0, grid=((0,),), grid_line=detail))
             out.append(AttemptRecord(task.id, index, 2, Level.SECOND, 0, 0, grid=label if n % 2 == 0 else ((1,),),
-                                     grid_line={"worker": 0}))
+                                     grid_line=GridDetail(worker=0)))
     return out
 
 
@@ -69,10 +68,11 @@ def _both_logs(tasks):
     for n, task in enumerate(tasks):
         for index, label in enumerate(task.test_outputs):
             answer = label if n % 2 == 0 else ((1,),)
-            detail = {"time_limit_s": 2000.0, "stage_s": {"ttt": 800.0, "search": 700.0, "rescore": 300.0},
-                      "candidates": [Candidate(answer, 2 if n % 2 == 0 else 1, 0.5).to_json()]}
+            detail = GridDetail(time_limit_s=2000.0, stage_s={"ttt": 800.0, "search": 700.0, "rescore": 300.0},
+                                candidates=(Candidate(answer, 2 if n % 2 == 0 else 1, 0.5).to_json(),))
             grid.append(AttemptRecord(task.id, index, 1, Level.FIRST, 0, 0, grid=answer, grid_line=detail))
-            grid.append(AttemptRecord(task.id, index, 2, Level.SECOND, 0, 0, grid=answer, grid_line={"worker": 0}))
+            grid.append(AttemptRecord(task.id, index, 2, Level.SECOND, 0, 0, grid=answer,
+                                      grid_line=GridDetail(worker=0)))
             for attempt in (1, 2):
                 reasoning.append(AttemptRecord(task.id, index, attempt, Level(attempt - 1), 0, 56000, natural=True,
                                                thinking_tokens=4000, answer_tokens=100, prompt_tokens=3000,
@@ -83,7 +83,7 @@ def _both_logs(tasks):
 def test_the_split_merges_both_lines_on_the_same_drawn_tasks(tasks):
     from sim.grid import Split, compare
     from sim.serving import ServingModel
-    from submission.config import load_profile
+    from submission.profiles import load_profile
 
     grid_records, reasoning_records = _both_logs(tasks)
     by_id = {t.id: t for t in tasks}
@@ -124,8 +124,7 @@ def test_the_forecast_splits_the_machine_as_the_run_does(name, tmp_path):
     """The split sim.grid forecasts is the one the combined run starts: the profiles it writes for its lines
     (line_profiles) with the deadline each line is given (the run's less MERGE_S), every override applied."""
     from sim.grid import split_lines
-    from submission.config import load_profile
-    from submission.grid.both import MERGE_S, line_profiles, load_both_profile
+    from submission.profiles import MERGE_S, line_profiles, load_both_profile, load_profile
 
     both = load_both_profile(name)
     reasoning, grid, share = split_lines(both)

@@ -8,15 +8,16 @@ import json
 
 import pytest
 
-import submission.main as solver
 from submission.attempts import AttemptRecord, read_log
 from submission.config import EngineConfig, Profile, PromptConfig
+from submission.engines import make_engine
 from submission.engines.base import EngineDead, ThroughputMeter
 from submission.engines.replay import ReplayEngine
+from submission.reasoning import Run
 from submission.sandbox import Sandbox
 from submission.schedule import Level, Request, ScheduleConfig
-from submission.selection import Source
-from submission.solve import Attempts, Candidates
+from submission.selection import Candidates, Source
+from submission.solve import Attempts
 from submission.tasks import load_tasks
 
 SCHEDULE = ScheduleConfig(time_limit_s=120, hard_stop_margin_s=5, stop_new_margin_s=10, rate_tok_s=1000,
@@ -54,20 +55,19 @@ class DeadEngine:
         return None
 
 
-def test_a_dead_engine_is_restarted_once_and_its_attempts_rerun(tasks, tmp_path, monkeypatch):
+def test_a_dead_engine_is_restarted_once_and_its_attempts_rerun(tasks, tmp_path):
     chosen = [t for t in tasks.tasks if len(t.test_inputs) == 1][:4]
     subset = type(tasks)(tuple(chosen), ())
     logged = [record(t, a, Level(a - 1), grid=t.test_outputs[0]) for t in chosen for a in (1, 2, 3)]
     made = []
 
-    def make_engine(profile):
+    def dies_once(profile):
         made.append(DeadEngine() if not made else ReplayEngine(logged, profile.engine, 0.0))
         return made[-1]
 
-    monkeypatch.setattr(solver, "make_engine", make_engine)
     profile = Profile(engine=EngineConfig(kind="replay", model="unused"), schedule=SCHEDULE)
     args = argparse.Namespace(out=tmp_path / "submission.json", log=tmp_path / "run.jsonl", resume=False)
-    run = solver.Run(args, profile, subset)
+    run = Run(args, profile, subset, dies_once)
     asyncio.run(run.go())
     assert len(made) == 2
     assert run.stats["engine restarts"] == 1
@@ -117,7 +117,7 @@ def test_replay_meter_windows_reach_the_stats_file(tasks, tmp_path):
     profile = Profile(engine=EngineConfig(kind="replay", model=str(log), stats_window_s=0.2), schedule=SCHEDULE,
                       prompt=PromptConfig())
     args = argparse.Namespace(out=tmp_path / "submission.json", log=tmp_path / "run.jsonl", resume=False)
-    run = solver.Run(args, profile, subset)
+    run = Run(args, profile, subset, make_engine)
     asyncio.run(run.go())
     rows = [json.loads(line) for line in (tmp_path / "run.stats.jsonl").read_text().splitlines()]
     assert rows and {"start", "seconds", "tokens", "running"} <= set(rows[0])

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from submission import strict_toml
-from submission.config import Profile, load_profile, profile_to_toml
+from submission.config import Profile
+from submission.profiles import load_profile, to_toml
 
 
 @dataclass(frozen=True)
@@ -50,4 +51,16 @@ def test_round_trip_booleans_tuples_and_sections():
 
 def test_a_shipped_profile_round_trips():
     profile = load_profile("cpu-tiny")
-    assert strict_toml.build(Profile, tomllib.loads(profile_to_toml(profile)), "copy") == profile
+    assert strict_toml.build(Profile, tomllib.loads(to_toml(profile)), "copy") == profile
+
+
+def test_a_tuple_field_wants_an_array_of_its_element_type():
+    with pytest.raises(strict_toml.TomlError, match=r"f\.toml\.inner\.names: expected an array, got str 'q_proj'"):
+        strict_toml.build(Outer, {"inner": {"names": "q_proj"}}, "f.toml")  # was ('q', '_', 'p', ...)
+    with pytest.raises(strict_toml.TomlError, match=r"f\.toml\.inner\.names\[1\]: expected str, got int 3"):
+        strict_toml.build(Outer, {"inner": {"names": ["a", 3]}}, "f.toml")
+
+
+def test_a_boolean_is_not_an_int():
+    with pytest.raises(strict_toml.TomlError, match=r"f\.toml\.inner\.steps: expected int, got bool"):
+        strict_toml.build(Outer, {"inner": {"steps": True}}, "f.toml")

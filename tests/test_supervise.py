@@ -334,7 +334,7 @@ def test_the_real_solver_killed_after_its_first_attempt_is_resumed_and_loses_not
     from submission.answers import render_submission
     from submission.attempts import AttemptRecord, read_log
     from submission.schedule import Level
-    from submission.solve import Candidates
+    from submission.selection import Candidates
     from submission.tasks import load_tasks
 
     tasks = load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks[:4]

@@ -11,13 +11,15 @@ import json
 import pytest
 
 from submission.answer import CALL_OPEN, FENCE, THINK_END, Reply
-from submission.config import PROFILES, EngineConfig, Profile, PromptConfig
 from submission.attempts import AttemptRecord
+from submission.config import EngineConfig, Profile, PromptConfig
 from submission.engines.base import Completion
+from submission.profiles import PROFILES
 from submission.prompt import FIX, check_text, grid_text
 from submission.sandbox import Sandbox
 from submission.schedule import Level, Request
-from submission.solve import Attempts, Candidates
+from submission.selection import Candidates
+from submission.solve import Attempts
 from submission.tasks import load_tasks
 from submission.tool_agent import (LAST_CHECK, NO_CALL, ToolAgentConfig, finished, first_cap, instructions, next_turn,
                                    within_tokens)

@@ -26,10 +26,9 @@ import pytest
 
 from offline_wheels.source import (Source, fetch_wheel, init_keywords, instance_attributes, is_property, method,
                                    parameters)
-from submission.config import PROFILES, load_profile
 from submission.engines.base import GenerationRequest
 from submission.engines.vllm import LOGITS_PROCESSORS, SUB_CONFIGS, engine_kwargs, logits_processor, sampling_kwargs
-from submission.grid import is_grid_profile
+from submission.profiles import PROFILES, is_grid_profile, load_profile
 
 INTERFACE = "vllm/v1/worker/gpu/sample/logits_processor/interface.py"
 LOADER = "vllm/v1/worker/gpu/sample/logits_processor/loader.py"

@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from transformers import AutoTokenizer
 
-    from submission.config import load_profile
+    from submission.profiles import load_profile
     from submission.tasks import load_tasks
 
     parser = argparse.ArgumentParser(prog="python -m training.dataset", description=__doc__.split("\n\n")[0])

@@ -41,9 +41,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from submission.config import ProfileError
-from submission.grid.config import ModelConfig, load_grid_profile
+from submission.grid.config import ModelConfig
 from submission.grid.format import KIT16, LAYOUTS, FormatError, GridFormat, encode, read_format
+from submission.profiles import ProfileError, load_grid_profile
 from submission.tasks import Pair, Task, load_tasks
 from submission.views import View, colour_permutation
 from training.corpus import mix

@@ -23,17 +23,17 @@ checkpoints (adapter + optimiser + step) that resume.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import random
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from build.pipeline import chain
+from submission import strict_toml
 from submission.progress import ProgressLine
-from training.corpus.mix import CorpusMix, from_table
+from training.corpus.mix import CorpusMix
 from training.dataset import read_rows
 from training.memory import chunk_mlps, memory_plan, row_loss
 
@@ -93,20 +93,10 @@ class TrainConfig:
 
 
 def load_config(path: str | Path) -> TrainConfig:
-    path = Path(path)
-    raw = tomllib.loads(path.read_text())
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValueError(f"{path}: unknown key(s) {', '.join(unknown)}")
-    if "targets" in raw:
-        raw["targets"] = tuple(raw["targets"])
-    if "corpus" in raw:
-        raw["corpus"] = from_table(raw["corpus"], str(path))
-    try:
-        return TrainConfig(**raw)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{path}: {err}") from None
+    """The training config of a TOML file (submission.strict_toml): a missing file, invalid TOML, an unknown key, a
+    value of the wrong type or a bad setting raise TomlError naming the file and the key (`[corpus]` keys as
+    `FILE.corpus.KEY`)."""
+    return strict_toml.build(TrainConfig, strict_toml.read(path), str(path))
 
 
 def target_modules(model, targets: tuple[str, ...] = TARGETS) -> list[str]:
@@ -297,8 +287,9 @@ def loss_curve(losses: list[float], path: Path) -> None:
 
 
 def merge(config: TrainConfig) -> Path:
-    """The adapter merged into the base and saved as safetensors (the base's dtype), then the end-of-turn patch
-    (unless the base records it) and the recipe's quantisation: a checkpoint build.bundle can take."""
+    """The adapter merged into the base and saved as safetensors (the base's dtype), then build.pipeline's chain: the
+    end-of-turn patch (unless the base records it) and the recipe's quantisation, its scales recomputed on the
+    merged weights: a checkpoint build.bundle can take."""
     import shutil
 
     import torch
@@ -315,25 +306,9 @@ def merge(config: TrainConfig) -> Path:
         shutil.rmtree(out / previous, ignore_errors=True)
     merged.to(dtype).save_pretrained(target)
     AutoTokenizer.from_pretrained(config.base).save_pretrained(target)
-    from build.patch_eot import PATCH_KEY, patch
-
-    result = target
-    if PATCH_KEY not in json.loads((target / "config.json").read_text()):
-        patch(target, out / "merged-patched")
-        result = out / "merged-patched"
-    if config.recipe:
-        from build.quantize import calibrated_scales, quantize
-
-        kv = amax = None
-        if config.calibration_tasks:  # new weights, new activations: the base's scales no longer hold
-            from submission.tasks import load_tasks
-
-            # one layer-by-layer pass for both (it was two: the KV cache's, then the inputs')
-            kv, amax = calibrated_scales(result, config.recipe, load_tasks(config.calibration_tasks).tasks, 256)
-            kv = kv if config.kv_scales else None
-        quantize(result, config.recipe, out / "merged-quantized", kv, amax)
-        result = out / "merged-quantized"
-    return result
+    return chain(target, lambda step: out / f"merged-{step}", recipe=Path(config.recipe) if config.recipe else None,
+                 calibration_tasks=Path(config.calibration_tasks) if config.calibration_tasks else None,
+                 kv_scales=config.kv_scales)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -341,7 +316,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, type=Path)
     parser.add_argument("--merge", action="store_true")
     args = parser.parse_args(argv)
-    config = load_config(args.config)
+    try:
+        config = load_config(args.config)
+    except strict_toml.TomlError as err:  # a bad config: one line naming the file and key, exit 2 like argparse
+        print(f"python -m training.rft: {err}", file=sys.stderr)
+        return 2
     if args.merge:
         print(merge(config))
         return 0

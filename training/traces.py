@@ -27,8 +27,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from submission.answer import THINK_END, parse_answer
-from submission.config import load_profile
 from submission.engines.base import GenerationRequest
+from submission.profiles import load_profile
 from submission.prompt import grid_text, render
 from submission.schedule import stable_seed
 from submission.tasks import Pair, Task, load_tasks
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     tasks = select_tasks(args)
     from transformers import AutoTokenizer
 
-    from submission.main import make_engine
+    from submission.engines import make_engine
 
     done = set()
     if args.out.exists():

@@ -1,0 +1,24 @@
+"""The engines behind one protocol (base: `GenerationRequest` in, `Completion` out): hf (transformers), vllm
+(in-process AsyncLLM), replay (logged attempts). `make_engine` builds the one a profile names; each is imported only
+when chosen (vLLM and torch are heavy, and the replay engine needs neither)."""
+
+from __future__ import annotations
+
+from submission.config import Profile
+
+
+def make_engine(profile: Profile):
+    """The engine of `profile.engine.kind`, not started."""
+    kind, model = profile.engine.kind, profile.engine.model
+    if kind == "hf":
+        from submission.engines.hf import HFEngine
+
+        return HFEngine(model, profile.engine)
+    if kind == "replay":
+        from submission.attempts import read_log
+        from submission.engines.replay import ReplayEngine
+
+        return ReplayEngine(read_log(model), profile.engine, profile.engine.replay_time_scale)
+    from submission.engines.vllm import VLLMEngine
+
+    return VLLMEngine(model, profile.engine)

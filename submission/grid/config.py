@@ -8,15 +8,14 @@
     [run]      workers, their devices and contexts, time limits        (RunConfig)
     [build]    the bundle's wheel target                               (GridBuildConfig)
 
-Unknown sections and keys are refused with the file, section and key (submission.config's checker).
+Read and written by submission.profiles (unknown sections and keys refused with the file, section and key).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from submission.config import _build, _toml_value, read_profile
 from submission.grid.format import LAYOUTS
 from submission.grid.ttt import TTTConfig
 
@@ -175,17 +174,3 @@ class GridProfile:
     rescore: RescoreConfig = field(default_factory=RescoreConfig)
     run: RunConfig = field(default_factory=RunConfig)
     build: GridBuildConfig = field(default_factory=GridBuildConfig)
-
-
-def load_grid_profile(name_or_path: str | Path) -> GridProfile:
-    path, raw = read_profile(name_or_path, line="grid")
-    return _build(GridProfile, raw, str(path))
-
-
-def grid_profile_to_toml(profile: GridProfile) -> str:
-    """The profile as TOML, every value (a run's copy; the combined run hands its grid line one)."""
-    lines = [f"name = {_toml_value(profile.name)}", f"line = {_toml_value(profile.line)}"]
-    for section in ("model", "ttt", "search", "rescore", "run", "build"):
-        lines.append(f"\n[{section}]")
-        lines += [f"{key} = {_toml_value(value)}" for key, value in asdict(getattr(profile, section)).items()]
-    return "\n".join(lines) + "\n"

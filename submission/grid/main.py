@@ -7,9 +7,10 @@
 
 `python -m submission.main` with a grid-line profile (one with `line = "grid"`) runs this too. The answer file
 exists, complete, before any work starts; the log gets two records per test input (attempt 1 carries every
-candidate with its hits, NLL and score). A watchdog (the reasoning line's) ends the process before the deadline
-whatever the workers do; SIGTERM (the notebook's rehearsal, once every task has an attempt) starts no new task,
-ends the running ones and exits with status 143, the answers so far written. An existing log is refused unless
+candidate with its hits, NLL and score). A watchdog (submission.cli's) ends the process before the deadline whatever
+the workers do; it is disarmed when the run returns, and `submission.main.main(argv, watchdog=False)` arms none.
+SIGTERM (the notebook's rehearsal, once every task has an attempt) starts no new task, ends the running ones and
+exits with status 143, the answers so far written. An existing log is refused unless
 `--resume`, which continues from it: tasks whose records are all in the log are restored (answers included), never
 redone; the others are queued again. The heartbeat file (`--heartbeat`, default beside the log; submission/heartbeat.py)
 is rewritten at every worker event (a worker ready, a task started, done or failed) and phase change, counting tasks
@@ -25,44 +26,30 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from submission import cli
 from submission.answers import render_submission
-from submission.config import ProfileError
-from submission.grid.config import GridProfile, load_grid_profile
+from submission.grid.config import GridProfile
 from submission.grid.format import LAYOUTS, FormatError, read_format
-from submission.score import score
-from submission.tasks import LoadError
+from submission.profiles import ProfileError, load_grid_profile
+from submission.tasks import LoadError, TaskSet
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m submission.grid.main", description=__doc__.split("\n\n")[0])
-    p.add_argument("--tasks", required=True, type=Path, help="task directory, task file or Kaggle challenges")
-    p.add_argument("--out", required=True, type=Path, help="the answer file (submission.json)")
-    p.add_argument("--profile", default="grid-tiny", help="profile name (profiles/NAME.toml) or TOML path")
+    p = cli.parser("python -m submission.grid.main", __doc__, "grid-tiny")
     p.add_argument("--model", help="grid checkpoint folder (build.grid_vocab's output)")
     p.add_argument("--format", choices=sorted(LAYOUTS), help="the checkpoint's grid format (overrides model.format)")
     p.add_argument("--adapter", help="a PEFT adapter folder loaded on the model per worker (training.grid_tune's "
                    "out/adapter; relative to the working directory); each task's training starts from its weights")
     p.add_argument("--merge", action="store_true",
                    help="merge --adapter into the model instead (a fresh LoRA per task)")
-    p.add_argument("--deadline", type=float, help="time limit in seconds from now")
-    p.add_argument("--scale-schedule", action="store_true",
-                   help="scale the margins and task limits to --deadline (the commit run's rehearsal)")
     p.add_argument("--log", type=Path, help="attempt log (JSONL) to append to")
-    p.add_argument("--resume", action="store_true", help="continue from --log without redoing finished tasks")
-    p.add_argument("--solutions", type=Path, help="labels, to print the score at the end")
-    p.add_argument("--max-tasks", type=int, help="only the first N tasks by id (demos)")
-    p.add_argument("--heartbeat", type=Path, help="the heartbeat file for boot's supervisor (default: beside --log)")
     return p
 
 
-def run(args: argparse.Namespace) -> int:
-    """The run for parsed arguments (shared with submission.main, whose extra flags must be unset)."""
-    from submission.grid.workers import GRACE_S, Coordinator
-    from submission.heartbeat import HeartbeatWriter
-    from submission.main import go_offline, heartbeat_path, refuse_old_log, run_tasks, start_watchdog
-
+def run(args: argparse.Namespace, profile: GridProfile, armed: bool = True) -> int:
+    """The run of `profile` for parsed arguments (shared with submission.main, whose parser lacks the grid-only
+    flags); `armed`: whether the watchdog is (submission.cli.watchdog, disarmed when the run returns)."""
     try:
-        profile: GridProfile = load_grid_profile(args.profile)
         if args.model:
             profile = replace(profile, model=replace(profile.model, path=str(args.model)))
         if getattr(args, "format", None):
@@ -73,38 +60,38 @@ def run(args: argparse.Namespace) -> int:
             profile = replace(profile, model=replace(profile.model, adapter=str(Path(args.adapter).resolve())))
         if getattr(args, "merge", False):
             profile = replace(profile, model=replace(profile.model, merge=True))
-        if args.deadline and getattr(args, "scale_schedule", False):
-            profile = replace(profile, run=profile.run.scaled(args.deadline))
-        elif args.deadline:
-            profile = replace(profile, run=replace(profile.run, time_limit_s=args.deadline))
-        tasks = run_tasks(args)
-    except (ProfileError, LoadError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        profile = replace(profile, run=cli.with_deadline(profile.run, args))
+        tasks = cli.run_tasks(args)
+    except (LoadError, ValueError) as err:
+        return cli.refuse(err)
     if not profile.model.path:
-        print(f"error: profile {profile.name}: model.path is empty; pass --model DIR", file=sys.stderr)
-        return 2
+        return cli.refuse(f"profile {profile.name}: model.path is empty; pass --model DIR")
     adapter = profile.model.adapter_dir()
     if adapter and not (Path(adapter) / "adapter_config.json").is_file():
-        print(f"error: profile {profile.name}: model.adapter: {adapter}/adapter_config.json is missing (a PEFT "
-              f"adapter folder, training.grid_tune's out/adapter)", file=sys.stderr)
-        return 2
+        return cli.refuse(f"profile {profile.name}: model.adapter: {adapter}/adapter_config.json is missing (a PEFT "
+                          f"adapter folder, training.grid_tune's out/adapter)")
     if profile.model.merge and not profile.model.adapter:
-        print(f"error: profile {profile.name}: model.merge needs model.adapter (--adapter DIR)", file=sys.stderr)
-        return 2
+        return cli.refuse(f"profile {profile.name}: model.merge needs model.adapter (--adapter DIR)")
     try:  # the checkpoint's tokenizer must write this format: refused here, before any worker loads weights
         read_format(profile.model.path, profile.model.format)
     except FormatError as err:
-        print(f"error: {err}", file=sys.stderr)
+        return cli.refuse(err)
+    if cli.refuse_old_log(args):
         return 2
-    if refuse_old_log(args):
-        return 2
-    go_offline()
-    start_watchdog(profile.run.time_limit_s, profile.run.hard_stop)
+    cli.go_offline()
+    with cli.watchdog(profile.run.time_limit_s, profile.run.hard_stop, armed):
+        return solve(args, profile, tasks)
+
+
+def solve(args: argparse.Namespace, profile: GridProfile, tasks: TaskSet) -> int:
+    """The checked run: the coordinator and its workers, the heartbeat, the summary."""
+    from submission.grid.workers import GRACE_S, Coordinator  # torch and the model's code: once the run is checked
+    from submission.heartbeat import HeartbeatWriter
+
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for error in tasks.errors:
         print(f"skipped (answered [[0]]): {error}", file=sys.stderr)
-    heartbeat = HeartbeatWriter(heartbeat_path(args))
+    heartbeat = HeartbeatWriter(cli.heartbeat_path(args))
     heartbeat.beat("loading")
     running: dict[int, str] = {}  # worker -> its task, from the workers' own reports
     finished: list[str] = []
@@ -136,13 +123,17 @@ def run(args: argparse.Namespace) -> int:
           f"{sum(tasks.test_counts().values())}; time used: {coordinator.clock():.0f} s")
     labels = {t.id: t.test_outputs for t in tasks.tasks if t.test_outputs is not None}
     if labels:
-        report = score(render_submission(coordinator.answers.test_counts, coordinator.answers.answers), labels)
-        print(f"score: task-weighted {report.task_weighted:.2f}, input-weighted {report.input_weighted:.2f}")
+        print(cli.score_line(render_submission(coordinator.answers.test_counts, coordinator.answers.answers), labels))
     return 143 if coordinator.stopping == "SIGTERM" else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(parser().parse_args(argv))
+    args = parser().parse_args(argv)
+    try:
+        profile = load_grid_profile(args.profile)
+    except ProfileError as err:
+        return cli.refuse(err)
+    return run(args, profile)
 
 
 if __name__ == "__main__":

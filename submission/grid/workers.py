@@ -35,7 +35,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from submission.answers import AnswerFile
-from submission.attempts import AttemptLog, AttemptRecord, read_log, repair_log
+from submission.attempts import AttemptLog, AttemptRecord, GridDetail, read_log, repair_log
 from submission.grid.config import GridProfile
 from submission.grid.queue import TaskQueue, task_cost
 from submission.grid.rescore import choose
@@ -137,19 +137,16 @@ def records(outcome: TaskOutcome, worker: int, limit: float, started_s: float, f
     out = []
     for index, candidates in enumerate(outcome.candidates):
         first, second = choose(candidates)
-        detail = {"worker": worker, "time_limit_s": limit, "stage_s": outcome.stage_s,
-                  "ttt_steps": outcome.ttt_steps, "ttt_planned": outcome.ttt_planned,
-                  "ttt_checkpointing": outcome.ttt_checkpointing, "ttt_oom_retries": outcome.ttt_oom_retries,
-                  "ttt_skipped": outcome.ttt_skipped,
-                  "ttt_loss": [outcome.ttt_losses[0], outcome.ttt_losses[-1]] if outcome.ttt_losses else [],
-                  "search_steps": outcome.search_steps, "complete": outcome.complete,
-                  "candidates": [c.to_json() for c in candidates]}
+        detail = GridDetail(worker, limit, outcome.stage_s, outcome.ttt_steps, outcome.ttt_planned,
+                            outcome.ttt_checkpointing, outcome.ttt_oom_retries, outcome.ttt_skipped,
+                            (outcome.ttt_losses[0], outcome.ttt_losses[-1]) if outcome.ttt_losses else (),
+                            outcome.search_steps, outcome.complete, tuple(c.to_json() for c in candidates))
         for attempt, grid in ((1, first), (2, second)):
             out.append(AttemptRecord(outcome.task_id, index, attempt, Level(attempt - 1), seed, 0,
                                      grid=grid if candidates else None,
                                      parse_error=None if candidates else "the search found no answer",
                                      started_s=started_s, finished_s=finished_s, finish="grid",
-                                     grid_line=detail if attempt == 1 else {"worker": worker}))
+                                     grid_line=detail if attempt == 1 else GridDetail(worker)))
     return out
 
 

@@ -21,7 +21,7 @@ import pytest
 from submission.answers import render_submission
 from submission.attempts import AttemptRecord, read_log
 from submission.schedule import Level
-from submission.solve import Candidates
+from submission.selection import Candidates
 from submission.tasks import load_tasks
 
 REPO = Path(__file__).resolve().parents[2]
@@ -264,9 +264,9 @@ class CoreEngine(ReplayEngine):
         await super().close()
 
 
-solver.make_engine = lambda p: CoreEngine(read_log(p.engine.model), p.engine, p.engine.replay_time_scale)
 try:
-    code = solver.main(sys.argv[1:])
+    code = solver.main(sys.argv[1:], new_engine=lambda p: CoreEngine(read_log(p.engine.model), p.engine,
+                                                                     p.engine.replay_time_scale))
 finally:
     if state["worker"] and alive(state["worker"]):
         os.kill(state["worker"], signal.SIGKILL)
@@ -326,8 +326,8 @@ class NeverStarts(ReplayEngine):
         raise RuntimeError("CUDA out of memory (injected at the engine start)")
 
 
-solver.make_engine = lambda p: NeverStarts(read_log(p.engine.model), p.engine, p.engine.replay_time_scale)
-sys.exit(solver.main(sys.argv[1:]))
+sys.exit(solver.main(sys.argv[1:], new_engine=lambda p: NeverStarts(read_log(p.engine.model), p.engine,
+                                                                   p.engine.replay_time_scale)))
 """
 
 

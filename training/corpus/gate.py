@@ -2,12 +2,16 @@
 
 Checks, in order, each with its rejection reason:
   shape          five demonstrations + one test, distinct inputs, at least two output shapes;
+  weak_test      the test pair is less informative than the demonstrations: a no-op, a 1x1 output when no
+                 demonstration's is, or fewer cells shown than every demonstration (difficulty.weak_test_pair);
   replay         the oracle reproduces every pair exactly;
   immaterial     (composites) every component is material: the composite without it (`dropped()`) is wrong on
                  >= 2 pairs;
   stage          every typed stage that has a neutral form changes the output on >= 2 pairs when neutralised
                  (mask operator -> keep, each post operation -> dropped, connectivity -> the other one); the
-                 selector and renderer have no neutral form and are identified by the next check instead;
+                 selector and renderer have no neutral form and are identified by the not_separated check instead;
+  invisible      each component and stage of the last two checks changes >= 2 demonstrations, one by >= 2 cells (the
+                 test pair does not count: a solver never sees it; difficulty.invisible_stage);
   not_separated  each rival (up to 8 nearest admitted rules) and every one-node variant that behaves differently
                  on the probe bank (`distinct_variants`) is wrong on >= 2 pairs;
   shortcut       none of the 12 shortcut solvers solves it.
@@ -21,12 +25,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from training.corpus import admission, dsl, oracle, rules, shortcuts
+from training.corpus import admission, difficulty, dsl, oracle, rules, shortcuts
 from training.corpus.dsl import Program
 
 N_PAIRS = 6
 MIN_WRONG = 2
-REASONS = ("accepted", "shape", "replay", "immaterial", "stage", "not_separated", "shortcut")
+SHORTCUT_TRIES = 8  # test pairs make_task tries, best first, for one that no shortcut solver solves
+REASONS = ("accepted", "shape", "weak_test", "replay", "immaterial", "stage", "invisible", "not_separated", "shortcut")
 
 Pair = tuple[np.ndarray, np.ndarray]
 
@@ -74,6 +79,9 @@ def judge_task(program: Program, pairs: list[Pair], probes: tuple[np.ndarray, ..
         return GateReport("shape", "two inputs are equal")
     if len({y.shape for _, y in pairs}) < 2:
         return GateReport("shape", "all outputs have one shape")
+    weak = difficulty.weak_test_pair(pairs)
+    if weak:
+        return GateReport("weak_test", weak)
     if _wrong_on(program, pairs):
         return GateReport("replay", "the oracle does not reproduce every pair")
     for component, without in program.dropped():
@@ -82,6 +90,9 @@ def judge_task(program: Program, pairs: list[Pair], probes: tuple[np.ndarray, ..
     for stage, ablated in program.neutralised():
         if _wrong_on(ablated, pairs) < MIN_WRONG:
             return GateReport("stage", f"{stage} changes fewer than {MIN_WRONG} outputs")
+    hidden = difficulty.invisible_stage(program, pairs[:-1])
+    if hidden:
+        return GateReport("invisible", hidden)
     for rival in list(rivals) + distinct_variants(program, probes):
         if _wrong_on(rival, pairs) < MIN_WRONG:
             return GateReport("not_separated", f"{dsl.canonical_json(rival)} is wrong on fewer than {MIN_WRONG} pairs")
@@ -93,9 +104,13 @@ def judge_task(program: Program, pairs: list[Pair], probes: tuple[np.ndarray, ..
 
 def make_task(program: Program, rng: np.random.Generator, probes: tuple[np.ndarray, ...], rivals: list[Program] = (),
               pool: int = 80) -> list[Pair]:
-    """Six pairs with distinct inputs, chosen greedily from `pool` proposed scenes to separate the program from its
-    neutralised stages, rivals and one-node variants (each needs 2 wrong pairs); random scenes alone almost never do
-    (measured: 0 of 40 tasks passed for four sample programs). The gate still judges the result on its own."""
+    """Five demonstrations and a test pair with distinct inputs, from `pool` proposed scenes. The demonstrations are
+    chosen greedily to separate the program from its dropped components, neutralised stages, rivals and one-node
+    variants (each needs 2 wrong pairs); random scenes alone almost never do (measured: 0 of 40 tasks passed for four
+    sample programs). The test pair is then the remaining scene that adds the most separation among those as
+    informative as the demonstrations (`difficulty.weak_test_pair`), the most informative on a tie, and no shortcut
+    solver's answer if one of the best SHORTCUT_TRIES is not; before, it was the greedy's last, least informative
+    choice. The gate still judges the result on its own."""
     candidates: list[Pair] = []
     seen = set()
     for _ in range(pool):
@@ -111,7 +126,15 @@ def make_task(program: Program, rng: np.random.Generator, probes: tuple[np.ndarr
     while len(chosen) < min(N_PAIRS, len(candidates)):
         gain = (np.minimum(covered + wrong, MIN_WRONG) - np.minimum(covered, MIN_WRONG)).sum(axis=1)
         gain[chosen] = -1
-        best = int(np.argmax(gain))  # ties go to the earliest scene: deterministic for a seed
+        if len(chosen) == N_PAIRS - 1:  # the test pair: informative first, then separation, then cells shown
+            demos = [candidates[i] for i in chosen]
+            fit = np.array([not difficulty.weak_test_pair(demos + [pair]) for pair in candidates])
+            shown = np.array([difficulty.information(*pair) for pair in candidates])
+            order = [int(i) for i in np.lexsort((-np.arange(len(candidates)), shown, gain, fit))[::-1] if gain[i] >= 0]
+            # fit, most gain, most cells, earliest scene; the first that no shortcut solves (else the first)
+            best = next((i for i in order[:SHORTCUT_TRIES] if not shortcuts.solved_by(demos, candidates[i])), order[0])
+        else:
+            best = int(np.argmax(gain))  # ties go to the earliest scene: deterministic for a seed
         chosen.append(best)
         covered += wrong[best]
     return [candidates[i] for i in chosen]

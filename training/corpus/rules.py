@@ -1,17 +1,18 @@
 """Any rule, of any family or composite: read it from JSON, run it, propose inputs for it, list a family's rules.
 
-The families (single rules) are select_mask_render (dsl.py, oracle.py, scenes.py), count_pack, symmetry_repair and
-rays (family_*.py); compositions are sequential, select and parallel (compose.py). `probe_bank()` is admission's fixed
-bank: the shared bank of scenes.py (select-mask-render scenes and keyed noise), TYPED_PROBES[family] inputs of each
-other family's scene generator, then PANEL_PROBES panel inputs (panels.py) for each ordered pair of families, so every
-rule is measured on the same slots and on inputs of its own kind.
+The families (single rules) are select_mask_render (dsl.py, oracle.py, scenes.py), count_pack, symmetry_repair,
+rays, gravity, connect and recolour (family_*.py); compositions are sequential, select and parallel (compose.py).
+`probe_bank()` is admission's fixed bank: the shared bank of scenes.py (select-mask-render scenes and keyed noise),
+TYPED_PROBES[family] inputs of each other family's scene generator, then PANEL_PROBES panel inputs (panels.py) for
+each ordered pair of families, so every rule is measured on the same slots and on inputs of its own kind.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from training.corpus import compose, dsl, family_count, family_rays, family_symmetry, oracle, panels, scenes
+from training.corpus import (compose, dsl, family_connect, family_count, family_gravity, family_rays, family_recolour,
+                             family_symmetry, oracle, panels, scenes)
 from training.corpus.dsl import ProgramError
 
 LEAVES = {"select_mask_render": (dsl.SelectMaskRender, dsl.from_dict, oracle.run, scenes.random_scene,
@@ -21,14 +22,25 @@ LEAVES = {"select_mask_render": (dsl.SelectMaskRender, dsl.from_dict, oracle.run
           family_symmetry.FAMILY: (family_symmetry.SymmetryRepair, family_symmetry.from_dict, family_symmetry.run,
                                    family_symmetry.random_scene, family_symmetry.all_programs),
           family_rays.FAMILY: (family_rays.Rays, family_rays.from_dict, family_rays.run, family_rays.random_scene,
-                               family_rays.all_programs)}
+                               family_rays.all_programs),
+          family_gravity.FAMILY: (family_gravity.Gravity, family_gravity.from_dict, family_gravity.run,
+                                  family_gravity.random_scene, family_gravity.all_programs),
+          family_connect.FAMILY: (family_connect.Connect, family_connect.from_dict, family_connect.run,
+                                  family_connect.random_scene, family_connect.all_programs),
+          family_recolour.FAMILY: (family_recolour.Recolour, family_recolour.from_dict, family_recolour.run,
+                                   family_recolour.random_scene, family_recolour.all_programs)}
 FAMILIES = tuple(LEAVES)
 # inputs per family in the bank: a symmetry-repair rule runs on about a quarter of its family's scenes (the template
-# must have its axis and the damage its role), so that family needs 64 to reach admission's 16 valid probes
-TYPED_PROBES = {family_count.FAMILY: 16, family_symmetry.FAMILY: 64, family_rays.FAMILY: 16}
-# panel inputs per ordered pair of families (half side by side, half stacked): a PARALLEL of two rays rules is
-# valid on about 40 of them (measured at 48 per pair: 55-59), above admission's 16; 16 x 32 = 512 slots
-PANEL_PROBES = 32
+# must have its axis and the damage its role), so that family needs 64 to reach admission's 16 valid probes; a
+# connect rule runs only where two points face each other along its axes (a diagonal rule on about half its scenes)
+TYPED_PROBES = {family_count.FAMILY: 16, family_symmetry.FAMILY: 64, family_rays.FAMILY: 16, family_gravity.FAMILY: 16,
+                family_connect.FAMILY: 32, family_recolour.FAMILY: 16}
+# panel inputs per ordered pair of families (half side by side, half stacked). 32 per pair was enough for the four
+# first families (a PARALLEL of two rays rules valid on about 40 slots); at seven families (49 pairs) 32 would triple
+# admission's panel work (tests/test_corpus_compose.py's resume test: 18 s -> 60 s at load 7-13), and at 20 a
+# PARALLEL of two rays rules is valid on 57-64 slots, of two count rules on 20-74, of connect and rays on 24-25, all
+# above admission's 16; 49 x 20 = 980 slots
+PANEL_PROBES = 20
 
 
 def from_dict(data, source: str = "rule"):

@@ -1,7 +1,7 @@
 """Calibration traces for `build.calibrate` from real ARC tasks, through the solver's own prompt renderer.
 
-    python -m build.traces --model DIR --tasks DIR [--max-tasks 24] [--thinking 96] --out traces.jsonl
-                           [--config FILE.toml] [--corpus DIR --corpus-fraction F --corpus-seed S]
+    python -m training.calibration_traces --model DIR --tasks DIR [--max-tasks 24] [--thinking 96] --out traces.jsonl
+                                          [--config FILE.toml] [--corpus DIR --corpus-fraction F --corpus-seed S]
 
 Each trace: the task's prompt exactly as the solver renders it (chat template, thinking on), thinking sampled from the
 model itself (T=0.6), then an answer: the true output grid, the program cue and a program (the example program for the
@@ -10,7 +10,8 @@ thinking empty and never loads the model (checkpoints too large to run whole, e.
 real model, prefer traces from a real run (the solver's completions); this maker is for demos and for models that
 cannot run the solver. `--corpus` mixes the training tasks of a generated corpus in at `--corpus-fraction` (or as
 the `[corpus]` table of `--config` says), as `training.traces` does: training/corpus/mix.py. `--max-tasks` counts the
-real tasks (those with an example program first); the corpus adds its share on top.
+real tasks (those with an example program first); the corpus adds its share on top. It lives in training/ (it was
+`build.traces`) because the corpus mix is training's: build/ imports nothing of training/ (tests/test_imports.py).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def select_tasks(args: argparse.Namespace) -> list[Task]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m build.traces", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m training.calibration_traces", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, type=Path)
     parser.add_argument("--tasks", required=True, type=Path)
     parser.add_argument("--max-tasks", type=int, default=24)

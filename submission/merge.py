@@ -21,8 +21,7 @@ from submission.attempts import AttemptRecord
 from submission.grid.rescore import Candidate as GridCandidate
 from submission.grid.rescore import rank as grid_rank
 from submission.grids import EMPTY_ANSWER, Grid
-from submission.selection import Candidate, rank
-from submission.solve import Candidates
+from submission.selection import Candidate, Candidates, rank
 
 
 def merged_order(reasoning: Sequence[Candidate], grid_line: Sequence[GridCandidate]) -> list[Grid]:
@@ -49,9 +48,8 @@ def grid_candidates(records: Sequence[AttemptRecord]) -> dict[tuple[str, int], l
     after a kill) counts with its last records."""
     out = {}
     for record in records:
-        if record.attempt == 1 and "candidates" in record.grid_line:
-            out[(record.task_id, record.test_index)] = [GridCandidate.from_json(c)
-                                                        for c in record.grid_line["candidates"]]
+        if record.attempt == 1 and record.grid_line is not None and record.grid_line.candidates is not None:
+            out[(record.task_id, record.test_index)] = [GridCandidate.from_json(c) for c in record.grid_line.candidates]
     return out
 
 

@@ -1,0 +1,238 @@
+"""The house of imports: no import cycle anywhere in the kit, a command-line module imported only to be run, and
+build/ and training/ meeting only in the build chain.
+
+The walk reads every module of the kit's packages with `ast` (nothing is imported or run): every `import` and
+`from ... import` statement counts, at module level and inside functions, classes and `if` blocks alike (a
+function-level import hides a cycle from the interpreter, not from the reader). Relative imports are resolved against
+the importing module's package. `import a.b` is an edge to `a.b`; `from a import b` is an edge to `a.b` when `a.b` is
+a module of the kit, else to `a`. Only edges between the kit's own modules count; importing a package does not add
+edges to the packages above it (every module of a package would otherwise "cycle" through its `__init__`).
+Imports made by name at run time (`importlib`, `python -m` in a subprocess) are not seen.
+
+A command-line module is a module whose job is to be run: a `__main__.py`, or a module with a module-level
+`if __name__ == "__main__":` block, unless it is one of TOOLS, the runnable modules that are also imported for their
+functions by design (`build.quantize`'s `quantize`, `training.rft`'s `load_config`: libraries with a command line
+beside). Every other module is a library. Two rules follow:
+- a library imports no command-line module: that would tie it to argument parsing, deadlines and exits that its
+  caller did not ask for (issue 30: `make_engine` lived in `submission/main.py`);
+- a command-line module imports another one only for its entry (`main`, or `run` for parsed arguments: a
+  dispatcher, or a command that runs another in its process); whatever else they share belongs in a library.
+  `import x` and `from package import x` of a command-line module count as taking its entry (the walk does not
+  follow attribute use).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("build", "training", "submission", "sim", "conformance", "offline_wheels", "benchmarks")
+# runnable modules imported for their functions by design (see the module docstring); each entry must be runnable
+TOOLS = frozenset({
+    "build.bundle", "build.calibrate", "build.grid_vocab", "build.patch_eot", "build.pipeline", "build.prune",
+    "build.quantize", "build.tiny", "offline_wheels.lock", "sim.example_log", "submission.sandbox", "submission.score",
+    "training.dataset", "training.rft"})
+ENTRIES = frozenset({"main", "run"})  # what one command-line module may import from another
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def kit_modules(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
+    """Module name -> file, for every .py file of the walked packages."""
+    return {module_name(p, root): p for package in packages for p in sorted((root / package).rglob("*.py"))}
+
+
+def imported_names(name: str, path: Path, modules: set[str]) -> dict[str, set[str]]:
+    """The kit modules `name` (at `path`) imports anywhere in its file, resolved as the module docstring says, each
+    with the names taken from it by `from ... import` (empty for a whole module: `import x`, `from package import
+    x`)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: dict[str, set[str]] = {}
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.setdefault(alias.name, set())
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                if f"{source}.{alias.name}" in modules:
+                    found.setdefault(f"{source}.{alias.name}", set())
+                else:
+                    found.setdefault(source, set()).add(alias.name)
+    return {m: names for m, names in found.items() if m in modules and m != name}  # `from . import x` names x only
+
+
+def imports_of(name: str, path: Path, modules: set[str]) -> set[str]:
+    """The kit modules `name` (at `path`) imports."""
+    return set(imported_names(name, path, modules))
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    return {name: imports_of(name, path, set(modules)) for name, path in modules.items()}
+
+
+def components(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module: each holds a cycle (Tarjan's algorithm, iterative
+    so a deep chain cannot exhaust the recursion limit)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            step = next(edges, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(sorted(graph[step]))))
+                elif step in on_stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(sorted(component))
+    return sorted(components)
+
+
+def cycle_in(graph: dict[str, set[str]], component: set[str]) -> list[str]:
+    """A shortest cycle through the component's first module (breadth-first inside the component)."""
+    start = min(component)
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for step in sorted(graph[node] & component):
+                if step == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(came_from[path[-1]])
+                    return path[::-1] + [start]
+                if step not in came_from:
+                    came_from[step] = node
+                    following.append(step)
+        frontier = following
+    raise AssertionError(f"{sorted(component)} is no cycle")
+
+
+def runnable(path: Path) -> bool:
+    """A `__main__.py`, or a module with a module-level `if __name__ == "__main__":` block."""
+    if path.name == "__main__.py":
+        return True
+    return any(isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+               and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"
+               and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in node.test.comparators)
+               for node in ast.parse(path.read_text(), str(path)).body)
+
+
+def command_import_problems(modules: dict[str, Path], tools: frozenset[str] = TOOLS) -> list[str]:
+    """Every import that breaks the two rules of the module docstring, as `importer -> imported`."""
+    commands = {name for name, path in modules.items() if runnable(path) and name not in tools}
+    found = []
+    for name, path in sorted(modules.items()):
+        for target, names in sorted(imported_names(name, path, set(modules)).items()):
+            if target not in commands:
+                continue
+            if name not in commands:
+                found.append(f"{name} -> {target} (a library importing a command-line module)")
+            elif names - ENTRIES:
+                found.append(f"{name} -> {target} ({', '.join(sorted(names - ENTRIES))}: a command-line module "
+                             "importing more than another's entry)")
+    return found
+
+
+def test_the_walk_resolves_every_kind_of_import(tmp_path):
+    """The walker itself, on a package written here: module-level, function-level, relative, `from package import
+    module`, and a name that is no module."""
+    kit = tmp_path / "kit"
+    (kit / "sub").mkdir(parents=True)
+    (kit / "__init__.py").write_text("from kit import c\n")
+    (kit / "sub" / "__init__.py").write_text("from .a import thing\n")
+    (kit / "sub" / "a.py").write_text("import os\nthing = 1\ndef f():\n    from kit.sub import b\n")
+    (kit / "sub" / "b.py").write_text("from . import a\nfrom ..sub.a import thing\n")
+    (kit / "c.py").write_text("if True:\n    import kit.sub.a\nfrom kit.sub import thing\n")
+    graph = import_graph(kit_modules(tmp_path, ("kit",)))
+    assert graph == {"kit": {"kit.c"}, "kit.sub": {"kit.sub.a"}, "kit.sub.a": {"kit.sub.b"},
+                     "kit.sub.b": {"kit.sub.a"}, "kit.c": {"kit.sub.a", "kit.sub"}}
+    assert components(graph) == [["kit.sub.a", "kit.sub.b"]]
+    assert cycle_in(graph, {"kit.sub.a", "kit.sub.b"}) == ["kit.sub.a", "kit.sub.b", "kit.sub.a"]
+
+
+def test_no_import_cycle():
+    graph = import_graph(kit_modules())
+    found = [f"{' -> '.join(cycle_in(graph, set(c)))} (all of {', '.join(c)} reach each other)"
+             for c in components(graph)]
+    assert not found, "import cycles:\n" + "\n".join(found)
+
+
+def test_the_command_rules_on_a_package_written_here(tmp_path):
+    """The two rules on a package written here: a library importing a command, a command taking a helper from
+    another, and what passes: a dispatcher importing entries, a tool imported by a library."""
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    (kit / "__init__.py").write_text("")
+    main = 'def main():\n    pass\n\n\nif __name__ == "__main__":\n    main()\n'
+    (kit / "__main__.py").write_text("from kit.a import main\nfrom kit import b\nfrom kit.c import run\n")
+    (kit / "a.py").write_text("from kit.lib import helper\n" + main)
+    (kit / "b.py").write_text("from kit.a import main, helper\n" + main)
+    (kit / "c.py").write_text("def run():\n    from kit.tool import work\n" + main)
+    (kit / "tool.py").write_text("work = 1\n" + main)
+    (kit / "lib.py").write_text("from kit.tool import work\nhelper = 1\ndef f():\n    from kit.c import run\n")
+    modules = kit_modules(tmp_path, ("kit",))
+    assert command_import_problems(modules, frozenset({"kit.tool"})) == [
+        "kit.b -> kit.a (helper: a command-line module importing more than another's entry)",
+        "kit.lib -> kit.c (a library importing a command-line module)"]
+    assert command_import_problems(modules, frozenset()) == [
+        "kit.b -> kit.a (helper: a command-line module importing more than another's entry)",
+        "kit.c -> kit.tool (work: a command-line module importing more than another's entry)",
+        "kit.lib -> kit.c (a library importing a command-line module)",
+        "kit.lib -> kit.tool (a library importing a command-line module)"]
+
+
+def test_tools_are_runnable_modules():
+    """TOOLS names only runnable modules of the kit, so a stale entry cannot hide a command."""
+    modules = kit_modules()
+    assert sorted(t for t in TOOLS if t not in modules or not runnable(modules[t])) == []
+
+
+def test_no_command_line_module_imported_but_to_run_it():
+    found = command_import_problems(kit_modules())
+    assert not found, "imports of command-line modules:\n" + "\n".join(found)
+
+
+def test_build_and_training_meet_only_in_the_build_chain():
+    """Training calls the build chain (`build.pipeline`: prune -> patch -> quantise, as RFT's merge does); nothing
+    else of build/ imports training/ or is imported by it, so each can change without the other."""
+    graph = import_graph(kit_modules())
+    found = sorted(f"{name} -> {target}" for name, targets in graph.items() for target in targets
+                   if {name.split(".")[0], target.split(".")[0]} == {"build", "training"}
+                   and not (name.startswith("training.") and target == "build.pipeline"))
+    assert not found, "build and training importing each other outside build.pipeline:\n" + "\n".join(found)
