@@ -65,7 +65,7 @@ test: engine-env build-env unsloth-env vllm-gpu-wheel
 	    tests/test_kaggle_upload.py tests/test_kaggle_rehearsal.py
 	$(BPY) -m pytest -q tests/test_grid_ttt.py tests/test_grid_oom.py tests/test_grid_workers.py tests/test_grid_nvarc.py \
 	    tests/test_grid_tune.py tests/test_grid_resume.py tests/test_grid_both.py tests/test_corpus_mix.py \
-	    tests/test_benchmarks.py
+	    tests/test_corpus_ray.py tests/test_benchmarks.py
 	$(UPY) -m pytest -q tests/test_rft.py tests/test_grid_tune.py tests/test_grid_ttt.py -k unsloth
 
 # The Kaggle rehearsal (tests/test_kaggle_rehearsal.py, also in make test): the CPU bundle uploaded by the real Kaggle
@@ -233,25 +233,28 @@ train-grid: build-env
 	    --out $(GT)/run --steps 16 --checkpoint-every 4 --rank 8 --lr 3e-3 --max-len 2048 $(CORPUS_MIX_ARGS)
 	$(BPY) -m training.grid_tune --model $(GT)/grid --out $(GT)/run --merge
 
-# Synthetic ARC tasks from typed rules (training/corpus/README.md): four families and depth-2 composites, gated on both
-# cores, then audited against $(ARC_DATA). Prints the admission and gate rates per depth; writes corpus.png. Killed,
-# the same command continues from its checkpoints (make clean, or another CORPUS, to start afresh).
+# Synthetic ARC tasks from typed rules (training/corpus/README.md): seven families and depth-2 composites, gated as Ray
+# tasks on a local Ray of both cores (each command starts and stops it), then audited against $(ARC_DATA) the same
+# way. Prints the admission and gate rates per depth; writes corpus.png. Killed, the same command continues from its
+# last complete shard (make clean, or another CORPUS, to start afresh). RAY_ADDRESS=host:port runs both on a cluster
+# started with `ray start --head`.
 CORPUS = $(OUT)/corpus-demo
-corpus-demo: env
-	$(PY) -m training.corpus generate --rules 56 --depth 2 --tasks-per-rule 4 --tries 2 --seed 0 --workers 2 \
+CORPUS_RAY = --workers 2 $(if $(RAY_ADDRESS),--address $(RAY_ADDRESS))
+corpus-demo: build-env
+	$(BPY) -m training.corpus generate --rules 56 --depth 2 --tasks-per-rule 4 --tries 2 --seed 0 $(CORPUS_RAY) \
 	    --out $(CORPUS)
-	$(PY) -m training.corpus audit $(CORPUS) --arc-data $(ARC_DATA)
+	$(BPY) -m training.corpus audit $(CORPUS) --arc-data $(ARC_DATA) $(CORPUS_RAY)
 
 # A 200-task sample of a fresh corpus (every family, depth 2), filtered by difficulty and ordered as a curriculum
 # (training/corpus/curriculum.py), then checked: no no-op or 1x1-only test pair, no stage the demonstrations do not
 # show, nothing beyond the filter (exit 1 on a finding). Killed, the generate step continues from its checkpoints.
 CORPUS_SAMPLE = $(OUT)/corpus-sample
-corpus-sample: env
-	$(PY) -m training.corpus generate --rules 64 --depth 2 --tasks-per-rule 3 --tries 2 --seed 1 --workers 2 \
+corpus-sample: build-env
+	$(BPY) -m training.corpus generate --rules 64 --depth 2 --tasks-per-rule 3 --tries 2 --seed 1 $(CORPUS_RAY) \
 	    --out $(CORPUS_SAMPLE)/corpus
 	rm -rf $(CORPUS_SAMPLE)/sample
-	$(PY) -m training.corpus.curriculum sample --corpus $(CORPUS_SAMPLE)/corpus --out $(CORPUS_SAMPLE)/sample --tasks 200
-	$(PY) -m training.corpus.curriculum check $(CORPUS_SAMPLE)/sample
+	$(BPY) -m training.corpus.curriculum sample --corpus $(CORPUS_SAMPLE)/corpus --out $(CORPUS_SAMPLE)/sample --tasks 200
+	$(BPY) -m training.corpus.curriculum check $(CORPUS_SAMPLE)/sample
 
 # Every benchmark runs (each prints its ratios and targets); the verb fails at the end if any missed a target.
 MISSED = $(OUT)/bench-missed.txt
@@ -267,6 +270,7 @@ bench: env build-env engine-env
 	$(BPY) benchmarks/grid_ttt.py || echo grid_ttt >> $(MISSED)
 	$(BPY) benchmarks/build_scale.py || echo build_scale >> $(MISSED)
 	$(PY) benchmarks/corpus_admission.py || echo corpus_admission >> $(MISSED)
+	$(BPY) benchmarks/corpus_scaling.py || echo corpus_scaling >> $(MISSED)
 	$(EPY) benchmarks/v2_processor.py || echo v2_processor >> $(MISSED)
 	$(EPY) benchmarks/engine_overhead.py || echo engine_overhead >> $(MISSED)
 	@if [ -f $(MISSED) ]; then echo "missed a target or failed: $$(tr '\n' ' ' < $(MISSED))"; exit 1; fi

@@ -1,9 +1,17 @@
-"""python benchmarks/corpus_admission.py [--sizes 1000,5000,20000] [--candidates 200] [--real 30] [--gates 6]
+"""python benchmarks/corpus_admission.py [--sizes 1000,10000,100000] [--candidates 200] [--templates 120] [--real 30]
+[--gates 6]
 
-Cost of admission's exact search as the corpus grows: for each corpus size, the seconds to judge one candidate
-(8 conjugates against every admitted vector, one slot per probe of rules.probe_bank()), as a ratio to the smallest
-size measured in the same run. Target: near-linear, i.e. the largest size's time ratio is at most 1.5x its size
-ratio (exit 1 otherwise). Corpora are random behaviour vectors, since only their count matters for the search.
+Cost per admitted rule as the corpus grows (issue 32): for each corpus size, the seconds to judge a candidate and
+to choose a rule's rivals (`nearest`), as a ratio to the smallest size measured in the same run (admitting a row
+adds it to a dict per block, which does not depend on the size); with `--real`, the same plus the oracle work per
+candidate measured on real rules (what a run spends per candidate at that size).
+Target: flat, the largest size at most 1.5x the smallest: the whole cost per candidate with `--real` (the
+default), the search alone without it (exit 1 otherwise). The search alone is printed either way: it is well under
+a millisecond, where the shared VM's load moves it by 2x between runs.
+The corpora are synthetic behaviour rows: each is the raw behaviour of one of `--templates` real single rules (all
+four families, generate's order) with every valid slot replaced by a fresh output code with probability 0.3-0.9,
+error slots kept. So the rows have the real error structure (a rule is valid on 0-144 of the 656 slots; blocks
+where many rules agree), which is what fills buckets; the candidates are drawn the same way.
 `--real` also times whole candidates (redundant-stage check, oracle on the bank x 8 conjugates, search) of all four
 families in generate's order (rules admitted per second), and `--gates` times the task gate on that many admitted
 rules (tasks proposed and judged per second, one core). Prints peak memory (ru_maxrss).
@@ -24,34 +32,55 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from training.corpus import admission, gate, generate, rules  # noqa: E402
 
 
-def search_seconds(size: int, candidates: int, rng: np.random.Generator) -> float:
-    n_slots = len(rules.probe_bank())
-    # a restored corpus: admitting one by one would itself be the quadratic cost being measured
-    adm = admission.Admitter.restored([str(i) for i in range(size)], rng.integers(0, 1 << 62, (size, n_slots)))
-    cands = rng.integers(0, 1 << 62, (candidates, 8, n_slots))
-    start = time.perf_counter()
-    for cand in cands:
-        adm.judge(cand)
-    return (time.perf_counter() - start) / candidates
+def synthetic(templates: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
+    """`count` rows, each a template with each valid slot redrawn with probability 0.3-0.9 (errors kept)."""
+    rows = templates[rng.integers(len(templates), size=count)].copy()
+    redraw = (rows >= 0) & (rng.random(rows.shape) < rng.uniform(0.3, 0.9, (count, 1)))
+    rows[redraw] = rng.integers(0, 1 << 62, int(redraw.sum()))
+    return rows
+
+
+def seconds_per_rule(size: int, candidates: int, templates: np.ndarray, rng: np.random.Generator,
+                     repeats: int = 5) -> float:
+    """Judge `candidates` new rules against a corpus of `size` rows and choose the rivals of as many admitted rows:
+    the best of `repeats` passes (neither changes the corpus; the shared 2-core machine is noisy at this scale)."""
+    # a restored corpus: admitting one by one at every size would take the benchmark hours
+    adm = admission.Admitter.restored([str(i) for i in range(size)], synthetic(templates, size, rng))
+    cands = [np.array([row] * 8) for row in synthetic(templates, candidates, rng)]
+    rows = rng.integers(size, size=candidates)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for cand, row in zip(cands, rows):
+            adm.judge(cand)
+            adm.nearest(int(row), generate.NEAREST)
+        best = min(best, time.perf_counter() - start)
+    return best / candidates
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--sizes", default="1000,5000,20000")
+    parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--candidates", type=int, default=200)
+    parser.add_argument("--templates", type=int, default=120)
     parser.add_argument("--real", type=int, default=30)
     parser.add_argument("--gates", type=int, default=6)
     args = parser.parse_args()
     rng = np.random.default_rng(0)
+    probes = rules.probe_bank()
+    templates = np.array([admission.raw_behaviour(p, probes)
+                          for p in generate.leaf_candidates(list(rules.FAMILIES), 0)[:args.templates]])
     sizes = [int(s) for s in args.sizes.split(",")]
-    base = None
-    print("| corpus | search per candidate | ratio to smallest | size ratio |")
+    base, seconds = None, []
+    print("| admitted rules | judge + rivals per rule | ratio to smallest | size ratio |")
     print("| --- | --- | --- | --- |")
     for size in sizes:
-        sec = search_seconds(size, args.candidates, rng)
+        sec = seconds_per_rule(size, args.candidates, templates, rng)
+        seconds.append(sec)
         base = base or (sec, size)
-        print(f"| {size} | {sec * 1e3:.2f} ms | {sec / base[0]:.1f}x | {size / base[1]:.1f}x |")
-    worst = sec / base[0] / (size / base[1])
+        print(f"| {size} | {sec * 1e3:.2f} ms | {sec / base[0]:.2f}x | {size / base[1]:.0f}x |")
+    search = {size: sec for size, sec in zip(sizes, seconds)}
+    search_ratio = worst = search[sizes[-1]] / search[sizes[0]]
     if args.real:
         probes = rules.probe_bank()
         adm = admission.Admitter(len(probes))
@@ -61,8 +90,15 @@ def main() -> None:
             if admission.admit_program(adm, program, probes).reason == "admitted":
                 admitted.append(program)
         sec = time.perf_counter() - start
+        measure = sec / args.real
         print(f"real candidates: {args.real / sec:.2f}/s, {len(admitted) / sec:.2f} rules admitted/s "
               f"({len(probes)} probes)")
+        print("| admitted rules | admission per candidate (oracle + search) | ratio to smallest |")
+        print("| --- | --- | --- |")
+        for size in sizes:
+            print(f"| {size} | {(measure + search[size]) * 1e3:.1f} ms | "
+                  f"{(measure + search[size]) / (measure + search[sizes[0]]):.3f}x |")
+        worst = (measure + search[sizes[-1]]) / (measure + search[sizes[0]])
         if args.gates:
             start, accepted, tried = time.perf_counter(), 0, 0
             for row, program in enumerate(admitted[:args.gates]):
@@ -72,8 +108,9 @@ def main() -> None:
             sec = time.perf_counter() - start
             print(f"gate: {tried / sec:.2f} tasks gated/s ({accepted} of {tried} accepted)")
     print(f"peak memory: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
-    print(f"search time ratio / size ratio at {sizes[-1]}: {worst:.2f} (target <= 1.5: "
-          f"{'met' if worst <= 1.5 else 'missed'})")
+    print(f"search alone at {sizes[-1]} / at {sizes[0]}: {search_ratio:.2f}")
+    print(f"{'admission per candidate' if args.real else 'search'} at {sizes[-1]} / at {sizes[0]}: {worst:.3f} "
+          f"(target <= 1.5: {'met' if worst <= 1.5 else 'missed'})")
     raise SystemExit(0 if worst <= 1.5 else 1)
 
 

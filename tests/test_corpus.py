@@ -162,10 +162,36 @@ def test_admission_distance_rules_on_plain_vectors():
                           "duplicate_dihedral": 1}
 
 
-def test_nearest_excludes_the_rule_itself_and_orders_by_distance():
-    adm = admission.Admitter.restored(["a", "b", "c"], np.array([[0] * 20, [0] * 17 + [1] * 3, [1] * 20]))
-    assert adm.nearest(0) == ["b", "c"]
+def test_nearest_excludes_the_rule_itself_and_orders_by_distance_within_the_rival_radius():
+    radius = admission.RIVAL_RADIUS
+    rows = np.array([[0] * 40, [0] * 37 + [1] * 3, [0] * (40 - radius) + [1] * radius, [1] * (radius + 1) + [0] * 24])
+    adm = admission.Admitter.restored(["a", "b", "c", "d"], rows)
+    assert adm.nearest(0) == ["b", "c"]  # d is radius + 1 away: not a rival (issue 32: rivals without a scan)
     assert adm.nearest(2, k=1) == ["b"]
+
+
+def test_the_block_index_finds_what_a_scan_finds_near_and_far():
+    # clusters of near rows (distances 0..20 from a centre) among random ones: the indexed verdict and rivals equal
+    # a brute-force scan of every admitted row, restricted to the rival radius
+    rng = np.random.default_rng(5)
+    centres = rng.integers(0, 4, (6, 64))
+    rows = []
+    for i in range(300):
+        row = centres[i % 6].copy() if i % 3 else rng.integers(0, 4, 64)
+        flip = rng.choice(64, int(rng.integers(0, 21)), replace=False)
+        row[flip] = rng.integers(4, 8, flip.size)
+        rows.append(row)
+    adm = admission.Admitter.restored([str(i) for i in range(300)], np.array(rows))
+    for row in range(0, 300, 7):
+        dist = np.array([int((adm.matrix[row] != r).sum()) for r in adm.matrix])
+        brute = [str(i) for i in np.argsort(dist, kind="stable") if i != row and dist[i] <= admission.RIVAL_RADIUS]
+        assert adm.nearest(row, k=8) == brute[:8]
+    for _ in range(40):
+        cand = np.array([rows[int(rng.integers(300))]] * 8)
+        cand[:, rng.choice(64, int(rng.integers(0, 4)), replace=False)] = 9
+        dist = np.minimum([[int((c != r).sum()) for r in adm.matrix] for c in cand], admission.MIN_DISTANCE)
+        verdict = adm.judge(cand)
+        assert verdict.raw_distance == int(dist[0].min()) and verdict.dihedral_distance == int(dist.min())
 
 
 def test_exact_search_matches_a_brute_force_loop_across_chunks(monkeypatch):
@@ -203,7 +229,7 @@ def test_a_transposed_rule_is_a_dihedral_duplicate(probes):
     adm = admission.Admitter(len(probes))
     assert adm.consider(dsl.rule_id(top), admission.behaviours(top, probes)).reason == "admitted"
     verdict = adm.consider(dsl.rule_id(left), admission.behaviours(left, probes))
-    assert verdict.reason == "duplicate_dihedral" and verdict.raw_distance > admission.MIN_DISTANCE
+    assert verdict.reason == "duplicate_dihedral" and verdict.raw_distance >= admission.MIN_DISTANCE  # capped: not near
 
 
 def test_a_stage_that_does_nothing_on_the_probe_bank_is_refused(probes):

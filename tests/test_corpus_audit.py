@@ -51,7 +51,7 @@ def test_a_planted_evaluation_pair_is_caught_under_symmetry_and_recolouring(corp
 
     cli = importlib.import_module("training.corpus.__main__")
     with pytest.raises(SystemExit) as stop:
-        cli.main(["audit", str(planted), "--arc-data", str(evaluation)])
+        cli.main(["audit", str(planted), "--arc-data", str(evaluation), "--workers", "0"])  # no Ray in this env
     assert stop.value.code == 1
 
 

@@ -3,13 +3,14 @@ component, admission) and generate's depths, workers and resume after a kill."""
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import numpy as np
 import pytest
 
 from submission.tasks import load_tasks
-from training.corpus import admission, compose, dsl, gate, generate, oracle, panels, rules, scenes
+from training.corpus import admission, compose, dsl, gate, generate, oracle, panels, rules, scenes, store
 from training.corpus.compose import Parallel, Select, Sequential
 from training.corpus.family_count import CountPack
 from training.corpus.family_rays import Rays
@@ -158,7 +159,7 @@ def _files(root):
 
 def test_generate_reports_depths_and_a_killed_run_resumes_to_the_same_bytes(tmp_path, monkeypatch):
     whole = tmp_path / "whole"
-    counts = generate.generate(2, 1, 0, whole, tries=1, programs=PROGRAMS, depth=2, workers=2)
+    counts = generate.generate(2, 1, 0, whole, tries=1, programs=PROGRAMS, depth=2)
     report = json.loads((whole / "gate.json").read_text())
     assert set(report["by_depth"]) == {"1", "2"} and report["rules"] == 4
     assert sum(report["by_depth"]["1"]["admission"].values()) >= 2
@@ -188,6 +189,8 @@ def test_generate_reports_depths_and_a_killed_run_resumes_to_the_same_bytes(tmp_
     with pytest.raises(KeyboardInterrupt):
         generate.generate(2, 1, 0, killed, tries=1, programs=PROGRAMS, depth=2)
     assert not (killed / "manifest.jsonl").exists()
+    with pytest.raises(store.CorpusError, match="unfinished"):  # other arguments wait until this run is finished
+        generate.generate(3, 1, 0, killed, tries=1, programs=PROGRAMS, depth=2)
     monkeypatch.setattr(generate, "_gate_rule", real_gate)
     measured = []
     monkeypatch.setattr(generate, "_measure", lambda p: measured.append(p) or real_measure(p))
@@ -195,8 +198,33 @@ def test_generate_reports_depths_and_a_killed_run_resumes_to_the_same_bytes(tmp_
     assert measured == []  # admission was finished and checkpointed: nothing measured again
     assert len(list((killed / "progress" / "gated").glob("*.json"))) == 4
     assert _files(killed) == _files(whole)
-    with pytest.raises(SystemExit, match="other arguments"):
-        generate.generate(3, 1, 0, killed, tries=1, programs=PROGRAMS, depth=2)
+
+
+def test_a_finished_corpus_grows_with_a_new_seed_keeping_every_file_it_had(tmp_path):
+    out = tmp_path / "grown"
+    generate.generate(2, 1, 0, out, tries=1, programs=PROGRAMS, depth=2)
+    before = _files(out)
+    old_rows = (out / "manifest.jsonl").read_text().splitlines()
+    generate.generate(2, 1, 1, out, tries=1, families=["rays", "count_pack"], depth=1)  # a new seed, other families
+    report = json.loads((out / "gate.json").read_text())
+    assert report["runs"] == 2 and report["rules"] == 6
+    rows = (out / "manifest.jsonl").read_text().splitlines()
+    assert rows[:len(old_rows)] == old_rows and len(rows) > len(old_rows)  # the old manifest, then the new tasks
+    after = _files(out)
+    for name, data in before.items():
+        if name.parts[0] in ("tasks", "heldout") or name.parts[:2] in (("progress", "gated"), ("progress", "admit")):
+            assert after[name] == data, name  # grown by appending: no task or shard rewritten
+    ids = [json.loads(r)["rule_id"] for r in rows]
+    assert len(set(ids)) == 6  # the new run admitted no rule of the old one again
+    generate.generate(2, 1, 1, out, tries=1, families=["rays", "count_pack"])
+    assert _files(out) == after  # the same arguments again: nothing to do, same bytes
+    generate.generate(3, 1, 0, out, tries=1, programs=PROGRAMS, depth=2)  # the first run's arguments, more rules
+    report = json.loads((out / "gate.json").read_text())
+    admitted = [dsl.rule_id(rules.from_dict(r)) for entry in sorted((out / "progress" / "admit").glob("*.json"))
+                for r in json.loads(entry.read_text())["rules"]]
+    assert report["runs"] == 3 and report["rules"] == len(admitted) > 6
+    assert len(set(admitted)) == len(admitted)  # no rule admitted twice
+    assert all(_files(out)[name] == data for name, data in after.items() if name.parts[0] in ("tasks", "heldout"))
 
 
 def test_a_composite_and_the_rules_it_holds_are_each_others_rivals(probes):
@@ -217,3 +245,18 @@ def test_a_composite_and_the_rules_it_holds_are_each_others_rivals(probes):
     assert gate._wrong_on(CHOICE, pairs) == 0
     report = gate.judge_task(RIGHT, pairs, probes, generate.rivals([], compose.kin(programs)[0], by_id, programs))
     assert report.reason == "not_separated" and dsl.canonical_json(CHOICE) in report.detail
+
+
+def test_the_command_line_refuses_new_arguments_on_an_unfinished_run_with_exit_2(tmp_path, capsys):
+    out = tmp_path / "c"
+    (out / "progress" / "segments").mkdir(parents=True)
+    (out / "progress" / "segments" / "000.json").write_text(json.dumps({"rules": 9}))  # a run that admitted nothing
+    cli = importlib.import_module("training.corpus.__main__")
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["generate", "--families", "rays", "--rules", "1", "--workers", "0", "--out", str(out)])
+    assert stop.value.code == 2
+    assert f"error: {out}: its last run ({out / 'progress' / 'segments' / '000.json'}) is unfinished" in \
+        capsys.readouterr().err
+    (out / "progress" / "admission.json").write_text("{}")  # issue 19's checkpoint, rewritten whole: not resumed
+    with pytest.raises(store.CorpusError, match="written by an older generate"):
+        generate.generate(1, 1, 0, out, families=["rays"])

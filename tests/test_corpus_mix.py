@@ -60,6 +60,18 @@ def test_both_sources_are_labelled_tasks(real, corpus):
     assert mix.apply(real, CorpusMix()) == list(real)  # no corpus named: the real tasks, in order
 
 
+def test_the_mix_streams_the_manifest_and_reads_only_the_drawn_tasks(real, corpus, tmp_path):
+    # a corpus whose undrawn task files are gone still mixes: only the manifest's names and the drawn files are read
+    drawn = [t.id for t in mix.mixed(real[:4], corpus, 0.25, seed=0) if t.id in corpus_ids(corpus)]
+    assert len(drawn) == 1  # round(0.25 * 4 / 0.75)
+    thin = tmp_path / "thin"
+    shutil.copytree(corpus, thin)
+    for path in (thin / "tasks").glob("*.json"):
+        if path.stem != drawn[0]:
+            path.unlink()
+    assert mix.mixed(real[:4], thin, 0.25, seed=0) == mix.mixed(real[:4], corpus, 0.25, seed=0)
+
+
 def test_heldout_is_refused_and_never_mixed_in(real, corpus, tmp_path):
     for path in (corpus / "heldout", corpus / "heldout" / "x"):
         with pytest.raises(CorpusError, match=re.escape(f"{path}: a corpus's heldout/ folder")):

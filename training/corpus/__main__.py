@@ -1,8 +1,8 @@
 """python -m training.corpus admit --families select_mask_render,count_pack,symmetry_repair,rays --candidates 50 \
     --seed 0 --out runs/corpus-admit
 python -m training.corpus generate --families select_mask_render,count_pack,symmetry_repair,rays --rules 20 \
-    --depth 2 --tasks-per-rule 2 --seed 0 --workers 2 --out runs/corpus
-python -m training.corpus audit runs/corpus [--arc-data ../shared/arc-data]
+    --depth 2 --tasks-per-rule 2 --seed 0 --workers 2 [--address ADDR] --out runs/corpus
+python -m training.corpus audit runs/corpus [--arc-data ../shared/arc-data] [--workers 2] [--address ADDR]
 
 `admit`: admission of up to `--candidates` sampled single rules per family (a family with fewer rules gives all of
 them, in a seeded order), the families interleaved one by one as generate's depth 1 takes them, all judged by one
@@ -10,8 +10,12 @@ admitter on `rules.probe_bank()` (each family's typed inputs). Writes `rules.jso
 family and canonical JSON, in admission order), `funnel.json` and `funnel.png` (candidates per verdict, by family),
 and prints the funnel table by family.
 `generate`: gated ARC tasks and a manifest (training/corpus/generate.py). Same seed, same bytes; a killed run started
-again with the same arguments continues from its checkpoints.
+again with the same arguments continues from its last complete shard; the same folder with other arguments (a new
+seed, more rules) grows the corpus once its last run is finished.
 `audit`: replays every gate and looks for leaks of public ARC data (training/corpus/audit.py); exit 1 on a finding.
+Both run their measurements as Ray tasks (training/corpus/cluster.py): a local Ray on `--workers` CPUs that the
+command starts and stops, or the cluster at `--address` (`ray start --head` on one machine, `ray start --address`
+on the others); `--workers 0` runs in this process without Ray. Exit 2 for a folder or setting that cannot be used.
 `probe`: the transfer probe, held-out corpus tasks and a real panel through the solver side by side
 (`python -m training.corpus probe --corpus DIR --real TASKS --out OUT ...`, training/corpus/probe.py, also
 `python -m training.corpus.probe`).
@@ -29,7 +33,8 @@ from pathlib import Path
 import numpy as np
 from rich.progress import track
 
-from training.corpus import admission, audit, dsl, generate, rules
+from training.corpus import admission, audit, cluster, dsl, generate, rules
+from training.corpus.store import CorpusError
 
 DEFAULT_ARC_DATA = Path(os.environ.get("ARC_DATA", Path(__file__).resolve().parents[3] / "shared" / "arc-data"))
 
@@ -100,7 +105,7 @@ def admit(candidates: int, seed: int, out: Path, families: list[str] | None = No
     by family, every verdict present (0 when none)."""
     families = list(families or rules.FAMILIES)
     if candidates < 1:
-        raise SystemExit(f"--candidates: must be >= 1, got {candidates}")
+        raise CorpusError(f"--candidates: must be >= 1, got {candidates}")
     probes = rules.probe_bank()
     adm = admission.Admitter(len(probes))
     by_family = {family: Counter() for family in families}
@@ -153,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     p_gen.add_argument("--rules", type=int, default=20, help="rules admitted at each depth")
     p_gen.add_argument("--depth", type=int, default=1, help="composites of up to this many rules (1: none)")
     p_gen.add_argument("--tries", type=int, default=3, help="task proposals per task")
-    p_gen.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
+    add_cluster_arguments(p_gen)
     p_gen.add_argument("--tasks-per-rule", type=int, default=2)
     p_gen.add_argument("--seed", type=int, default=0)
     p_gen.add_argument("--out", type=Path, required=True)
@@ -162,11 +167,33 @@ def main(argv: list[str] | None = None) -> None:
     p_audit.add_argument("--arc-data", type=Path, default=DEFAULT_ARC_DATA,
                          help="folder of ARC task JSON files, searched recursively (default: $ARC_DATA or "
                               "../shared/arc-data)")
+    add_cluster_arguments(p_audit)
     args = parser.parse_args(argv)
+    try:
+        run(args, parser)
+    except CorpusError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+                        help="CPUs of the local Ray this command starts (0: this process, without Ray)")
+    parser.add_argument("--address", help="a Ray cluster's address (ray start --head prints it) instead of a local Ray")
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """One command; a CorpusError from it is the caller's exit 2."""
+    if args.command in ("generate", "audit") and args.workers < 0:
+        parser.error("--workers must be >= 0")
     if args.command == "audit":
         if not args.arc_data.is_dir():
             parser.error(f"--arc-data: {args.arc_data} is not a folder")
-        findings = audit.audit(args.corpus, args.arc_data)
+        pool = cluster.pool(args.workers, args.address)
+        try:
+            findings = audit.audit(args.corpus, args.arc_data, pool)
+        finally:
+            pool.close()
         for f in findings:
             print(f"{f.task}: {f.kind}: {f.detail}")
         print(f"{len(findings)} findings")
@@ -176,10 +203,14 @@ def main(argv: list[str] | None = None) -> None:
         print(funnel_table(admit(args.candidates, args.seed, args.out, families)))
         print(f"wrote {args.out}/rules.jsonl, {args.out}/funnel.json and {args.out}/funnel.png")
         return
-    if args.depth < 1 or args.rules < 1 or args.workers < 1:
-        parser.error("--depth, --rules and --workers must be >= 1")
-    generate.generate(args.rules, args.tasks_per_rule, args.seed, args.out, tries=args.tries, families=families,
-                      depth=args.depth, workers=args.workers)
+    if args.depth < 1 or args.rules < 1:
+        parser.error("--depth and --rules must be >= 1")
+    pool = cluster.pool(args.workers, args.address)
+    try:
+        generate.generate(args.rules, args.tasks_per_rule, args.seed, args.out, tries=args.tries,
+                          families=families, depth=args.depth, pool=pool)
+    finally:
+        pool.close()
     print(depth_table(json.loads((args.out / "gate.json").read_text())))
     print(f"wrote {args.out}/gate.json and {args.out}/corpus.png")
 

@@ -8,8 +8,14 @@ only (the palette key row stays on top), since the key is metadata, not picture.
 where the distance is the number of differing slots. Before that, `admit_program` refuses a program with a stage
 that does nothing on the bank (dropping a post operation, making the mask operator `keep` or switching the
 connectivity leaves every slot as it was: bbox then flip_lr is just bbox): no task could show that stage, so the gate
-would reject all of its tasks. The search is exact: a vectorised comparison of the candidate's
-8 conjugates against every admitted vector, in chunks, so its cost grows linearly with the corpus.
+would reject all of its tasks.
+The search does not scan the corpus (issue 32): `BlockIndex` buckets every admitted vector by a hash of each of b
+interleaved blocks of slots. Two vectors at distance d < b agree exactly on at least b - d blocks (pigeonhole), so
+the rows sharing a bucket with a candidate hold every admitted row within distance b - 1; only those are compared
+slot by slot. Admission decides at distance < 3 with 3 blocks (exact: every row within distance 2 is compared).
+The gate's rivals (`nearest`) are the nearest rules within `RIVAL_RADIUS` = 15, found with 16 blocks; a bucket is
+read up to its first `BUCKET_CAP` rows (admission order), so rival search stays bounded where many rules share a
+block (rules valid on few slots) and is exact while no bucket it reads is fuller than that.
 `Admitter` is the pure core (arrays in, verdicts out); `behaviours` is the shell that runs the oracle.
 """
 
@@ -27,6 +33,8 @@ from training.corpus.dsl import Program
 
 MIN_VALID = 16
 MIN_DISTANCE = 3
+RIVAL_RADIUS = 15  # `nearest` looks for rivals up to this distance; farther rules are not rivals
+BUCKET_CAP = 32  # rows read per bucket by `nearest`: full buckets hold blocks that many rules share (few valid slots)
 CHUNK_ROWS = 4096
 REASONS = ("admitted", "redundant_stage", "too_few_valid", "duplicate_raw", "duplicate_dihedral", "near_raw",
            "near_dihedral")
@@ -107,45 +115,86 @@ def behaviours(program: Program, probes: tuple[np.ndarray, ...], conjugates: int
     return out
 
 
+class BlockIndex:
+    """Row numbers bucketed by a 64-bit hash of each of `blocks` interleaved blocks of slots (slot i is in block
+    i mod blocks). `near` returns every row that shares a block with a query, a superset of the rows within distance
+    blocks - 1 (a hash collision only adds a row, which the exact comparison then places). Memory: one dict entry
+    per row and block."""
+
+    def __init__(self, n_slots: int, blocks: int) -> None:
+        self.blocks = blocks
+        # odd multipliers: a one-slot change always changes its block's key (x * odd != 0 mod 2^64 for x != 0)
+        self._mult = np.random.default_rng(32).integers(0, 1 << 63, n_slots, dtype=np.uint64) * np.uint64(2) + \
+            np.uint64(1)
+        self._buckets: list[dict[int, list[int]]] = [{} for _ in range(blocks)]
+
+    def keys(self, rows: np.ndarray) -> np.ndarray:
+        """(m, blocks) bucket keys of an (m, n_slots) array of behaviour rows."""
+        mixed = rows.astype(np.uint64) * self._mult  # wraps mod 2^64, as a hash should
+        return np.stack([mixed[:, b::self.blocks].sum(axis=1) for b in range(self.blocks)], axis=1)
+
+    def add(self, first: int, rows: np.ndarray) -> None:
+        """Index rows numbered first, first + 1, ..."""
+        for offset, keys in enumerate(self.keys(rows).tolist()):
+            for bucket, key in zip(self._buckets, keys):
+                bucket.setdefault(key, []).append(first + offset)
+
+    def near(self, rows: np.ndarray, cap: int | None = None) -> np.ndarray:
+        """Sorted row numbers that share at least one block with any of `rows` (the first `cap` of each bucket)."""
+        found: set[int] = set()
+        for keys in self.keys(rows).tolist():
+            for bucket, key in zip(self._buckets, keys):
+                found.update(bucket.get(key, ())[:cap])
+        return np.array(sorted(found), dtype=np.int64)
+
+
 @dataclass(frozen=True)
 class Verdict:
     reason: str  # one of REASONS
-    raw_distance: int  # to the nearest admitted vector (-1 when the corpus is empty)
+    raw_distance: int  # to the nearest admitted vector, capped at MIN_DISTANCE (-1: empty corpus, too few valid)
     dihedral_distance: int
-    nearest: str | None  # id of the nearest admitted rule under any conjugate
+    nearest: str | None  # id of the nearest admitted rule under any conjugate, None at MIN_DISTANCE or more
 
 
 @dataclass
 class Admitter:
-    """The admitted behaviour vectors (one row per rule) and the funnel of every verdict so far."""
+    """The admitted behaviour vectors (one row per rule), their block indexes (admission's and the rivals') and the
+    funnel of every verdict so far."""
     n_slots: int
     ids: list[str] = field(default_factory=list)
     funnel: Counter = field(default_factory=Counter)
     _rows: np.ndarray | None = None
+    _indexes: tuple[BlockIndex, BlockIndex] | None = None
 
     def __post_init__(self) -> None:
         self._rows = np.empty((1024, self.n_slots), dtype=np.int64)
+        self._indexes = (BlockIndex(self.n_slots, MIN_DISTANCE), BlockIndex(self.n_slots, RIVAL_RADIUS + 1))
 
     @classmethod
-    def restored(cls, ids: list[str], matrix: np.ndarray) -> "Admitter":
-        """An admitter holding already admitted rules (to resume a run, or to measure search at a given size)."""
+    def restored(cls, ids: list[str], matrix: np.ndarray, room: int = 0) -> "Admitter":
+        """An admitter holding already admitted rules (to resume a run, or to measure search at a given size), with
+        space for `room` more before its rows are copied to a larger array (doubling: amortised, a copy per row)."""
         if matrix.ndim != 2 or matrix.shape[0] != len(ids):
             raise ValueError(f"matrix of shape {matrix.shape} does not hold one row per id ({len(ids)})")
         adm = cls(matrix.shape[1], ids=list(ids))
-        adm._rows = np.array(matrix, dtype=np.int64)
+        adm._rows = np.empty((len(ids) + room, matrix.shape[1]), dtype=np.int64)
+        adm._rows[:len(ids)] = matrix
+        for index in adm._indexes:
+            index.add(0, adm.matrix)
         return adm
 
     @property
     def matrix(self) -> np.ndarray:
         return self._rows[:len(self.ids)]
 
-    def distances(self, conjugates: np.ndarray) -> np.ndarray:
-        """(8, n_admitted) Hamming distances from each conjugate to each admitted raw vector, exact."""
-        n = len(self.ids)
-        out = np.empty((conjugates.shape[0], n), dtype=np.int32)
-        for start in range(0, n, CHUNK_ROWS):
-            rows = self._rows[start:min(start + CHUNK_ROWS, n)]
-            out[:, start:start + rows.shape[0]] = (rows[None, :, :] != conjugates[:, None, :]).sum(axis=2)
+    def distances(self, conjugates: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """(8, len(rows)) Hamming distances from each conjugate to the admitted raw vectors numbered `rows` (default:
+        all of them), exact."""
+        rows = np.arange(len(self.ids)) if rows is None else rows
+        out = np.empty((conjugates.shape[0], len(rows)), dtype=np.int32)
+        for start in range(0, len(rows), CHUNK_ROWS):
+            block = self._rows[rows[start:start + CHUNK_ROWS]]
+            out[:, start:start + block.shape[0]] = (block[None, :, :] != conjugates[:, None, :]).sum(axis=2)
         return out
 
     def judge(self, conjugates: np.ndarray) -> Verdict:
@@ -156,9 +205,12 @@ class Admitter:
             return Verdict("too_few_valid", -1, -1, None)
         if not self.ids:
             return Verdict("admitted", -1, -1, None)
-        dist = self.distances(conjugates)
+        near = self._indexes[0].near(conjugates)
+        dist = np.minimum(self.distances(conjugates, near), MIN_DISTANCE)  # farther: admitted, not placed
+        if not near.size or int(dist.min()) >= MIN_DISTANCE:
+            return Verdict("admitted", MIN_DISTANCE, MIN_DISTANCE, None)
         raw, best = int(dist[0].min()), int(dist.min())
-        nearest = self.ids[int(np.unravel_index(int(np.argmin(dist)), dist.shape)[1])]
+        nearest = self.ids[int(near[np.unravel_index(int(np.argmin(dist)), dist.shape)[1]])]
         if raw == 0:
             reason = "duplicate_raw"
         elif best == 0:
@@ -180,13 +232,19 @@ class Admitter:
                 more = np.empty((max(len(self._rows), 1024), self.n_slots), dtype=np.int64)  # restored may be empty
                 self._rows = np.concatenate([self._rows, more])
             self._rows[len(self.ids)] = conjugates[0]
+            for index in self._indexes:
+                index.add(len(self.ids), conjugates[:1])
             self.ids.append(rule)
         return verdict
 
     def nearest(self, row: int, k: int = 8) -> list[str]:
-        """Ids of the k admitted rules nearest (raw distance) to admitted rule number `row`, itself excluded."""
-        dist = self.distances(self.matrix[row][None, :])[0]
-        order = [int(i) for i in np.argsort(dist, kind="stable") if i != row]
+        """Ids of the k admitted rules nearest (raw distance) to admitted rule number `row`, itself excluded, among
+        those within RIVAL_RADIUS that share a block (exact while no bucket holds more than BUCKET_CAP rows); ties in
+        admission order."""
+        near = self._indexes[1].near(self.matrix[row][None, :], BUCKET_CAP)
+        near = near[near != row]
+        dist = self.distances(self.matrix[row][None, :], near)[0]
+        order = [int(near[i]) for i in np.argsort(dist, kind="stable") if dist[i] <= RIVAL_RADIUS]
         return [self.ids[i] for i in order[:k]]
 
 

@@ -1,6 +1,10 @@
 """Audit a generated corpus: replay every gate from the files alone, and look for leaks of public ARC data.
 
-`python -m training.corpus audit DIR [--arc-data ../shared/arc-data]` (exit status 1 on any finding).
+`python -m training.corpus audit DIR [--arc-data ../shared/arc-data] [--workers 2] [--address ADDR]` (exit status 1
+on any finding). The expensive parts run as Ray tasks over shards (cluster.py): the rules' behaviours on the probe
+bank, the keys of the ARC files, and the replay, gate and keys of the corpus's tasks, SHARD items a task; the
+driver only looks keys up and picks rivals from the block index (admission.Admitter.nearest), so each shard's work
+does not grow with the corpus.
 Replay: each task's rule is read from the manifest. The oracle must reproduce every pair, and the gate must accept
 again, with rivals = the 8 nearest rules of the manifest by raw behaviour on the probe bank and the rule's kin in the
 manifest (`compose.kin`), as generate picks them. (The generator's rivals
@@ -24,8 +28,10 @@ from pathlib import Path
 import numpy as np
 from rich.progress import track
 
-from training.corpus import admission, compose, gate, oracle, rules
+from training.corpus import admission, cluster, compose, gate, generate, oracle, rules
 from training.corpus.generate import NEAREST, SPLIT_DIRS, rivals as rivals_of
+
+SHARD = 16  # items per Ray task: rules, ARC files or corpus tasks
 
 
 def canonical_key(grids: tuple[np.ndarray, ...]) -> bytes:
@@ -72,12 +78,20 @@ def load_pairs(path: Path) -> list[gate.Pair]:
         raise ValueError(f"{path}: not an ARC task ({err})") from None
 
 
-def index_arc(files: list[Path], root: Path) -> ArcIndex:
+def _file_keys(job: tuple[list[Path], Path]) -> list[tuple[str, dict[str, list[bytes]]]]:
+    files, root = job
+    return [(str(path.relative_to(root)), task_keys(load_pairs(path))) for path in files]
+
+
+def index_arc(files: list[Path], root: Path, pool=None) -> ArcIndex:
     keys: dict[str, dict[bytes, str]] = {"input": {}, "pair": {}, "task": {}}
-    for path in track(files, description="indexing ARC data"):
-        for kind, found in task_keys(load_pairs(path)).items():
-            for key in found:
-                keys[kind].setdefault(key, str(path.relative_to(root)))
+    pool = pool or cluster.Serial()
+    shards = [(files[i:i + SHARD], root) for i in range(0, len(files), SHARD)]
+    for found in track(pool.map(_file_keys, shards), total=len(shards), description="indexing ARC data"):
+        for name, kinds in found:
+            for kind, found_keys in kinds.items():
+                for key in found_keys:
+                    keys[kind].setdefault(key, name)
     return ArcIndex(keys)
 
 
@@ -88,43 +102,70 @@ class Finding:
     detail: str
 
 
-def leaks(name: str, pairs: list[gate.Pair], index: ArcIndex) -> list[Finding]:
+def leaks(name: str, keys: dict[str, list[bytes]], index: ArcIndex) -> list[Finding]:
     found = []
-    for kind, keys in task_keys(pairs).items():
-        for slot, key in enumerate(keys):
+    for kind, found_keys in keys.items():
+        for slot, key in enumerate(found_keys):
             if key in index.keys[kind]:
                 found.append(Finding(name, kind, f"{kind} {slot} matches {index.keys[kind][key]}"))
     return found
 
 
-def audit(corpus: Path, arc_data: Path) -> list[Finding]:
-    """Every finding in the corpus folder (an empty list means it passed)."""
+def _raw_rows(programs: list) -> np.ndarray:
+    return np.array([admission.raw_behaviour(p, generate.probes()) for p in programs]).reshape(len(programs), -1)
+
+
+def _replay(jobs: list[tuple]) -> list[tuple[str, list[Finding], dict[str, list[bytes]]]]:
+    """One shard of tasks: (name, replay or gate finding, keys) per task, from the task files."""
+    out = []
+    for name, path, program, rivals in jobs:
+        pairs = load_pairs(path)
+        found = []
+        if any(not np.array_equal(_run(program, x), y) for x, y in pairs):
+            found.append(Finding(name, "replay", "the oracle does not reproduce every pair"))
+        else:
+            report = gate.judge_task(program, pairs, generate.probes(), rivals)
+            if not report.accepted:
+                found.append(Finding(name, "gate", f"{report.reason}: {report.detail}"))
+        out.append((name, found, task_keys(pairs)))
+    return out
+
+
+def audit(corpus: Path, arc_data: Path, pool=None) -> list[Finding]:
+    """Every finding in the corpus folder (an empty list means it passed); `pool` runs the shards (default: this
+    process)."""
+    pool = pool or cluster.Serial()
     rows = [json.loads(line) for line in (corpus / "manifest.jsonl").read_text().splitlines()]
     programs = {row["rule_id"]: rules.from_dict(row["rule"], f"{corpus}/manifest.jsonl: {row['task']}") for row in rows}
-    probes = rules.probe_bank()
     ids = sorted(programs)
-    adm = admission.Admitter.restored(ids, np.array([admission.raw_behaviour(programs[i], probes) for i in ids])
-                                      .reshape(len(ids), len(probes)))
-    related = compose.kin([programs[i] for i in ids])
-    index = index_arc(sorted(arc_data.rglob("*.json")), arc_data)
+    ordered = [programs[i] for i in ids]
+    raw = list(pool.map(_raw_rows, [ordered[i:i + SHARD] for i in range(0, len(ids), SHARD)]))
+    adm = admission.Admitter.restored(ids, np.concatenate(raw) if raw else
+                                      np.empty((0, len(generate.probes())), dtype=np.int64))
+    position = {rid: i for i, rid in enumerate(ids)}
+    related = compose.kin(ordered)
+    index = index_arc(sorted(arc_data.rglob("*.json")), arc_data, pool)
     splits: dict[str, set[str]] = {}
     for row in rows:
         splits.setdefault(row["rule_id"], set()).add(row["split"])
     findings = [Finding(rid, "split", f"tasks in {sorted(found)}: a held-out rule must stay apart")
                 for rid, found in sorted(splits.items()) if len(found) > 1]
-    for row in track(rows, description="auditing"):
-        program, name = programs[row["rule_id"]], row["task"]
-        pairs = load_pairs(corpus / SPLIT_DIRS[row["split"]] / f"{name}.json")
-        if any(not np.array_equal(_run(program, x), y) for x, y in pairs):
-            findings.append(Finding(name, "replay", "the oracle does not reproduce every pair"))
-        else:
-            position = ids.index(row["rule_id"])
-            rivals = rivals_of(adm.nearest(position, NEAREST), related[position], programs,
-                               [programs[i] for i in ids])
-            report = gate.judge_task(program, pairs, probes, rivals)
-            if not report.accepted:
-                findings.append(Finding(name, "gate", f"{report.reason}: {report.detail}"))
-        findings.extend(leaks(name, pairs, index))
+
+    def shards():
+        """The tasks' jobs, SHARD at a time (rivals chosen as the shards are sent, not all held at once)."""
+        for start in range(0, len(rows), SHARD):
+            jobs = []
+            for row in rows[start:start + SHARD]:
+                at = position[row["rule_id"]]
+                jobs.append((row["task"], corpus / SPLIT_DIRS[row["split"]] / f"{row['task']}.json",
+                             programs[row["rule_id"]], rivals_of(adm.nearest(at, NEAREST), related[at], programs,
+                                                                 ordered)))
+            yield jobs
+
+    for shard in track(pool.map(_replay, shards()), total=-(-len(rows) // SHARD), description="auditing"):
+        for name, found, keys in shard:
+            findings.extend(found)
+            findings.extend(leaks(name, keys, index))
     return findings
 
 

@@ -1,39 +1,52 @@
 """Export: admitted rules -> gated tasks in ARC JSON, with a manifest (the shell around admission and the gate).
 
 `python -m training.corpus generate --families F1,F2 --rules N --depth D --tasks-per-rule K --seed S --out DIR
-[--workers 2]` admits up to N rules at each depth 1..D (depth 1: single rules of the families, taken in turn from a
-seeded order of each; depth d > 1: SEQUENTIAL, SELECT and PARALLEL composites of an admitted depth d-1 rule and an
-admitted single rule, in a seeded order), then gates K tasks per rule. It writes
+[--workers 2] [--address ADDR]` admits up to N rules at each depth 1..D (depth 1: single rules of the families, taken
+in turn from a seeded order of each; depth d > 1: SEQUENTIAL, SELECT and PARALLEL composites of an admitted depth d-1
+rule and an admitted single rule, in a seeded order), then gates K tasks per rule. It writes
   DIR/tasks/<rule id>-<k>.json   ARC format: five "train" pairs and one "test" pair;
-  DIR/heldout/<rule id>-<k>.json the same for held-out rules (5% of each family's admitted rules), kept apart;
+  DIR/heldout/<rule id>-<k>.json the same for held-out rules (5% of each family's rules admitted by a run), apart;
   DIR/manifest.jsonl             one row per task: task, split, rule id, family, depth, rule JSON, gate report, seed;
   DIR/gate.json                  admission funnel and gate verdicts, per depth;
   DIR/corpus.png                 the same as bars;
-  DIR/progress/                  the checkpoints a restarted run continues from (same arguments, same folder).
-A rule gets up to `tries` proposals per task; the gate's rivals are the nearest 8 admitted rules (raw behaviour
-distance) and its kin, the composites it is part of and the rules it is made of (`compose.kin`), at any distance. Each task's random stream is derived from (seed, rule id, k), and workers only measure (behaviours, gates)
-while the main process judges in a fixed order, so the same seed gives byte-identical files with any number of
-workers, killed and restarted or not.
+  DIR/progress/                  the ledger (below).
+A rule gets up to `tries` proposals per task; the gate's rivals are the nearest 8 admitted rules within
+admission.RIVAL_RADIUS (raw behaviour distance, from the block index) and its kin, the composites it is part of and
+the rules it is made of (`compose.kin`), at any distance. Each task's random stream is derived from (seed, rule id,
+k); the measurements (behaviours, gates) run as Ray tasks or in this process (cluster.py) and come back in order,
+and this process judges them in that order, so the same seed gives byte-identical files with any number of workers,
+killed and restarted or not.
+
+The ledger is append-only (issue 32), every file written whole or not at all (store.py):
+  progress/segments/NNN.json     the arguments of each run that grew the folder;
+  progress/admit/NNNNNN.npy      an admission shard: the behaviour rows of the rules it admitted, then
+  progress/admit/NNNNNN.json     its entry (run, depth, candidate position, funnel, rules), the commit mark;
+  progress/gated/<rule id>.json  a gated rule's manifest rows and verdicts, written after its task files.
+A restart reads the committed shards and continues after the last; nothing committed is written again. The same
+folder with other arguments (a new seed, more rules, other families) is a new run that grows the corpus: its
+candidates skip the rules admitted before, are judged against all of them, and its tasks are appended; it is
+refused (CorpusError) until the last run is finished. manifest.jsonl, gate.json and corpus.png are derived from the
+ledger at the end of every run.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
-import multiprocessing
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 from rich.progress import Progress
 
-from training.corpus import admission, compose, dsl, gate, rules as rulebook
+from training.corpus import admission, cluster, compose, dsl, gate, rules as rulebook, store
 
 NEAREST = 8
 HELD_OUT = 0.05
 SPLIT_DIRS = {"train": "tasks", "heldout": "heldout"}
 CANDIDATES_PER_RULE = 30  # a depth's candidate list: at most this many per wanted rule
-CHUNK = 16  # candidates measured between two checkpoints
+CHUNK = 16  # candidates judged per admission shard
 
 
 def held_out(rules: list, fraction: float = HELD_OUT) -> set[str]:
@@ -107,21 +120,24 @@ def composite_candidates(lower: list, leaves: list, count: int, seed: int, depth
     return out
 
 
-# --- workers: measure only (their results are judged in order by the main process) ------------------------------
+# --- measurements: Ray tasks or this process (cluster.py); their results are judged in order by generate ---------
 
 _PROBES: tuple = ()
 
 
-def _init() -> None:
+def probes() -> tuple[np.ndarray, ...]:
+    """Admission's bank, built once per process (a Ray worker builds it on its first task)."""
     global _PROBES
-    _PROBES = rulebook.probe_bank()
+    if not _PROBES:
+        _PROBES = rulebook.probe_bank()
+    return _PROBES
 
 
 def _measure(program):
     """(redundant, behaviours): the expensive half of admission."""
-    if admission.redundant_stages(program, _PROBES):
+    if admission.redundant_stages(program, probes()):
         return True, None
-    return False, admission.behaviours(program, _PROBES)
+    return False, admission.behaviours(program, probes())
 
 
 def _gate_rule(job):
@@ -131,11 +147,11 @@ def _gate_rule(job):
     for k in range(tasks_per_rule):
         for attempt in range(tries):
             try:
-                pairs = gate.make_task(program, task_rng(seed, rid, k, attempt), _PROBES, rivals)
+                pairs = gate.make_task(program, task_rng(seed, rid, k, attempt), probes(), rivals)
             except ValueError:  # the scene generator found no unambiguous input for this rule
                 counts["no_scene"] += 1
                 break
-            report = gate.judge_task(program, pairs, _PROBES, rivals)
+            report = gate.judge_task(program, pairs, probes(), rivals)
             counts[report.reason] += 1
             if report.accepted:
                 accepted.append((k, pairs, report.reason))
@@ -143,105 +159,159 @@ def _gate_rule(job):
     return accepted, counts
 
 
-# --- checkpoints ------------------------------------------------------------------------------------------------
+# --- the ledger: runs (segments), admission shards, gated rules; append-only (store.py) ----------------------------
 
-def _write(path: Path, text: str) -> None:
-    """Write whole or not at all (a kill leaves the old checkpoint)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+def _segments(progress: Path) -> list[dict]:
+    """The arguments of every run that grew this corpus, in order."""
+    out = []
+    while (path := progress / "segments" / f"{len(out):03d}.json").exists():
+        out.append(json.loads(path.read_text()))
+    return out
 
 
-def _save_admission(progress: Path, state: dict, adm: admission.Admitter) -> None:
-    np.save(progress / "matrix.npy", adm.matrix)
-    _write(progress / "admission.json", json.dumps(state, sort_keys=True))
+def _shards(progress: Path, n_slots: int) -> tuple[list[dict], np.ndarray]:
+    """The committed admission shards (entries in order) and their behaviour rows, one per admitted rule."""
+    entries, rows = [], []
+    while (path := progress / "admit" / f"{len(entries):06d}.json").exists():
+        entry = json.loads(path.read_text())
+        shard = np.load(path.with_suffix(".npy"))
+        if shard.shape != (len(entry["rules"]), n_slots):
+            raise store.CorpusError(f"{path}: field 'rules': {len(entry['rules'])} rules, but its .npy holds rows of "
+                                    f"shape {shard.shape} ({n_slots} probe slots expected)")
+        entries.append(entry)
+        rows.append(shard)
+    return entries, np.concatenate(rows) if rows else np.empty((0, n_slots), dtype=np.int64)
+
+
+def _commit_shard(progress: Path, number: int, entry: dict, rows: np.ndarray) -> None:
+    """The rows first, then the entry that makes them count (a kill between the two leaves the shard uncommitted)."""
+    data = io.BytesIO()
+    np.save(data, rows)
+    store.write(progress / "admit" / f"{number:06d}.npy", data.getvalue(), "rows")
+    store.write(progress / "admit" / f"{number:06d}.json", json.dumps(entry, sort_keys=True).encode(), "entry")
+
+
+def _finished(segment: int, args: dict, entries: list[dict], progress: Path) -> bool:
+    """Whether a run's admission reached its last depth and each rule it admitted was gated."""
+    mine = [e for e in entries if e["segment"] == segment]
+    if not mine or not (mine[-1]["done"] and mine[-1]["depth"] == args["depth"]):
+        return False
+    return all((progress / "gated" / f"{dsl.rule_id(rulebook.from_dict(r))}.json").exists()
+               for e in mine for r in e["rules"])
 
 
 def generate(rules: int, tasks_per_rule: int, seed: int, out: Path, tries: int = 3, programs: list | None = None,
-             families: list[str] | None = None, depth: int = 1, workers: int = 1) -> Counter:
-    """Admit and gate as the module docstring says; `programs` replaces the depth-1 candidates. Returns the gate's
-    verdicts counted by reason (plus no_scene), all depths together."""
+             families: list[str] | None = None, depth: int = 1, pool=None) -> Counter:
+    """Admit and gate as the module docstring says; `programs` replaces the depth-1 candidates; `pool` runs the
+    measurements (cluster.py; default: this process). Returns the gate's verdicts counted by reason (plus
+    no_scene), all depths and runs together. Raises CorpusError when the folder's last run is unfinished and these
+    arguments differ from it."""
     families = list(families or rulebook.FAMILIES)
+    pool = pool or cluster.Serial()
     progress = out / "progress"
-    (progress / "gated").mkdir(parents=True, exist_ok=True)
+    if (progress / "admission.json").exists():
+        raise store.CorpusError(f"{out}: written by an older generate ({progress / 'admission.json'}: one checkpoint "
+                                "rewritten whole, not this ledger); give a new --out")
+    for folder in ("segments", "admit", "gated"):
+        (progress / folder).mkdir(parents=True, exist_ok=True)
     for folder in SPLIT_DIRS.values():
         (out / folder).mkdir(parents=True, exist_ok=True)
     args = {"rules": rules, "tasks_per_rule": tasks_per_rule, "seed": seed, "tries": tries, "families": families,
             "depth": depth, "programs": None if programs is None else [dsl.canonical_json(p) for p in programs]}
-    if (progress / "args.json").exists() and json.loads((progress / "args.json").read_text()) != args:
-        raise SystemExit(f"{out}: holds a run with other arguments ({progress / 'args.json'}); use a new --out")
-    _write(progress / "args.json", json.dumps(args, sort_keys=True))
-    probes = rulebook.probe_bank()
-    _init()
-    ctx = multiprocessing.get_context("fork")
-    pool = ctx.Pool(workers, initializer=_init) if workers > 1 else None
-    mapper = pool.imap if pool else map
-    try:
-        with Progress() as bar:
-            admitted, adm, funnels = _admit(rules, seed, depth, families, programs, probes, progress, mapper, bar)
-            records = _gate(admitted, adm, seed, tasks_per_rule, tries, out, mapper, bar)
-    finally:
-        if pool:
-            pool.close()
-            pool.join()
-    verdicts: dict[int, Counter] = {}
-    manifest = []
-    for program, record in zip(admitted, records):
-        verdicts.setdefault(compose.depth(program), Counter()).update(record["counts"])
-        manifest.extend(record["manifest"])
-    (out / "manifest.jsonl").write_text("".join(json.dumps(m, sort_keys=True) + "\n" for m in manifest))
-    total = sum(verdicts.values(), Counter())
-    report = {"seed": seed, "rules": len(admitted), "verdicts": dict(sorted(total.items())),
-              "by_depth": {str(d): {"admission": funnels[d], "gate": dict(sorted(verdicts.get(d, {}).items()))}
-                           for d in sorted(funnels)}}
-    (out / "gate.json").write_text(json.dumps(report, indent=2) + "\n")
-    plot(report, out / "corpus.png")
-    return total
+    segments = _segments(progress)
+    entries, rows = _shards(progress, len(probes()))
+    if args not in segments:
+        if segments and not _finished(len(segments) - 1, segments[-1], entries, progress):
+            raise store.CorpusError(
+                f"{out}: its last run ({progress / 'segments' / f'{len(segments) - 1:03d}.json'}) is unfinished; "
+                "run it again with the same arguments to finish it, then grow the corpus with these")
+        store.write(progress / "segments" / f"{len(segments):03d}.json", json.dumps(args, sort_keys=True).encode(),
+                    "segment")
+        segments.append(args)
+    admitted = [rulebook.from_dict(r, f"{progress}/admit: segment {e['segment']}") for e in entries for r in e["rules"]]
+    adm = admission.Admitter.restored([dsl.rule_id(p) for p in admitted], rows)
+    with Progress() as bar:
+        for segment, run in enumerate(segments):
+            _admit(segment, run, entries, admitted, adm, progress, pool, bar)
+            _gate(segment, run, entries, admitted, adm, out, pool, bar)
+    return _write_outputs(segments, entries, admitted, out)
 
 
-def _admit(rules, seed, depth, families, programs, probes, progress, mapper, bar):
-    """Admission, depth by depth, from the checkpoint if there is one."""
-    state = {"depth": 1, "position": 0, "funnels": {}, "admitted": []}
-    if (progress / "admission.json").exists():
-        state = json.loads((progress / "admission.json").read_text())
-    admitted = [rulebook.from_dict(r, f"{progress}/admission.json") for r in state["admitted"]]
-    adm = admission.Admitter.restored([dsl.rule_id(p) for p in admitted],
-                                      np.load(progress / "matrix.npy") if admitted else
-                                      np.empty((0, len(probes)), dtype=np.int64))
-    leaves = programs if programs is not None else leaf_candidates(families, seed)
-    task = bar.add_task("admitting", total=rules * depth, completed=len(admitted))
-    while state["depth"] <= depth:
-        d = state["depth"]
-        if d == 1:
-            candidates = leaves
-        else:
-            lower = [p for p in admitted if compose.depth(p) == d - 1]
-            singles = [p for p in admitted if compose.depth(p) == 1]
-            candidates = composite_candidates(lower, singles, CANDIDATES_PER_RULE * rules, seed, d) if lower else []
-        funnel = Counter(state["funnels"].get(str(d), {}))
-        have = sum(compose.depth(p) == d for p in admitted)
-        while have < rules and state["position"] < len(candidates):
-            chunk = candidates[state["position"]:state["position"] + CHUNK]
-            for program, (redundant, conj) in zip(chunk, mapper(_measure, chunk)):
-                state["position"] += 1
-                if have == rules:
-                    continue  # measured in the chunk, but the depth is full: not judged, as in a one-by-one run
-                if redundant:
-                    funnel["redundant_stage"] += 1
-                    continue
+def _candidates(segment: int, run: dict, d: int, entries: list[dict], admitted: list) -> list:
+    """A run's candidates at depth d, in their seeded order, without the rules that earlier runs admitted."""
+    if d == 1:
+        found = ([rulebook.from_dict(json.loads(p), "segment programs") for p in run["programs"]]
+                 if run["programs"] is not None else leaf_candidates(run["families"], run["seed"]))
+    else:
+        rules_at = _rules_by_depth(entries, admitted, segment)
+        found = (composite_candidates(rules_at.get(d - 1, []), rules_at.get(1, []),
+                                      CANDIDATES_PER_RULE * run["rules"], run["seed"], d)
+                 if rules_at.get(d - 1) else [])
+    before = {dsl.rule_id(p) for e, p in _owners(entries, admitted) if e["segment"] < segment}
+    return [p for p in found if dsl.rule_id(p) not in before]
+
+
+def _owners(entries: list[dict], admitted: list):
+    """(entry, program) for every admitted rule, in admission order."""
+    programs = iter(admitted)
+    return [(e, next(programs)) for e in entries for _ in e["rules"]]
+
+
+def _rules_by_depth(entries: list[dict], admitted: list, last_segment: int) -> dict[int, list]:
+    out: dict[int, list] = {}
+    for entry, program in _owners(entries, admitted):
+        if entry["segment"] <= last_segment:
+            out.setdefault(entry["depth"], []).append(program)
+    return out
+
+
+def _admit(segment, run, entries, admitted, adm, progress, pool, bar) -> None:
+    """Admission of one run, depth by depth, from its last committed shard; a shard every CHUNK candidates."""
+    mine = [e for e in entries if e["segment"] == segment]
+    d, position = 1, 0
+    if mine:
+        d, position = (mine[-1]["depth"] + 1, 0) if mine[-1]["done"] else (mine[-1]["depth"], mine[-1]["position"])
+    task = bar.add_task(f"admitting (run {segment})", total=run["rules"] * run["depth"],
+                        completed=sum(len(e["rules"]) for e in mine))
+    while d <= run["depth"]:
+        candidates = _candidates(segment, run, d, entries, admitted)
+        have = sum(len(e["rules"]) for e in mine if e["depth"] == d)
+        funnel, new = Counter(), []
+        measured = pool.map(_measure, candidates[position:]) if have < run["rules"] else iter(())
+        for program, (redundant, conj) in zip(candidates[position:], measured):
+            position += 1
+            if redundant:
+                funnel["redundant_stage"] += 1
+            else:
                 verdict = adm.consider(dsl.rule_id(program), conj)
                 funnel[verdict.reason] += 1
                 if verdict.reason == "admitted":
-                    admitted.append(program)
-                    state["admitted"].append(program.to_dict())
-                    have += 1
+                    new.append(program)
                     bar.advance(task)
-            state["funnels"][str(d)] = dict(sorted(funnel.items()))
-            _save_admission(progress, state, adm)
-        state["funnels"][str(d)] = dict(sorted(funnel.items()))
-        state["depth"], state["position"] = d + 1, 0
-        _save_admission(progress, state, adm)
-    return admitted, adm, {int(d): f for d, f in state["funnels"].items()}
+            full = have + len(new) == run["rules"]
+            if full or sum(funnel.values()) == CHUNK:
+                _append(progress, entries, admitted, new, adm,
+                        {"segment": segment, "depth": d, "position": position, "done": False, "funnel": funnel})
+                mine.append(entries[-1])
+                have, funnel, new = have + len(new), Counter(), []
+                if full:
+                    break
+        if funnel:
+            _append(progress, entries, admitted, new, adm,
+                    {"segment": segment, "depth": d, "position": position, "done": False, "funnel": funnel})
+            mine.append(entries[-1])
+        _append(progress, entries, admitted, [], adm,
+                {"segment": segment, "depth": d, "position": position, "done": True, "funnel": {}})
+        mine.append(entries[-1])
+        d, position = d + 1, 0
+
+
+def _append(progress, entries, admitted, new, adm, entry) -> None:
+    """Commit one admission shard and add it to the ledger in memory."""
+    entry = {**entry, "funnel": dict(sorted(entry["funnel"].items())), "rules": [p.to_dict() for p in new]}
+    _commit_shard(progress, len(entries), entry, adm.matrix[len(adm.ids) - len(new):])
+    entries.append(entry)
+    admitted.extend(new)
 
 
 def rivals(nearest: list[str], related: list[int], by_id: dict, programs: list) -> list:
@@ -251,41 +321,62 @@ def rivals(nearest: list[str], related: list[int], by_id: dict, programs: list) 
     return found + [programs[j] for j in related if programs[j] not in found]
 
 
-def _gate(admitted, adm, seed, tasks_per_rule, tries, out, mapper, bar) -> list[dict]:
-    """Gate every rule without a record yet; a rule's record is written after its task files (the commit mark)."""
+def _gate(segment, run, entries, admitted, adm, out, pool, bar) -> None:
+    """Gate every rule of one run without a record yet; a rule's record is written after its task files (the commit
+    mark). Rivals come from every rule admitted so far (later runs do not exist before this one is finished)."""
     by_id = {dsl.rule_id(p): p for p in admitted}
-    kept_apart = held_out(admitted)
-    records: dict[int, dict] = {}
-    todo = []
-    for row, program in enumerate(admitted):
-        path = out / "progress" / "gated" / f"{dsl.rule_id(program)}.json"
-        if path.exists():
-            records[row] = json.loads(path.read_text())
-        else:
-            todo.append(row)
-    task = bar.add_task("gating", total=len(admitted), completed=len(records))
+    rows = [row for row, (entry, _) in enumerate(_owners(entries, admitted)) if entry["segment"] == segment]
+    kept_apart = held_out([admitted[row] for row in rows])
+    todo = [row for row in rows if not (out / "progress" / "gated" / f"{dsl.rule_id(admitted[row])}.json").exists()]
+    task = bar.add_task(f"gating (run {segment})", total=len(rows), completed=len(rows) - len(todo))
+    if not todo:
+        return
     related = compose.kin(admitted)  # components and the composites holding them: rivals at any distance
-    jobs = ((admitted[row], rivals(adm.nearest(row, NEAREST), related[row], by_id, admitted), seed, tasks_per_rule,
-             tries) for row in todo)
-    for row, (accepted, counts) in zip(todo, mapper(_gate_rule, jobs)):
+    jobs = ((admitted[row], rivals(adm.nearest(row, NEAREST), related[row], by_id, admitted), run["seed"],
+             run["tasks_per_rule"], run["tries"]) for row in todo)
+    for row, (accepted, counts) in zip(todo, pool.map(_gate_rule, jobs)):
         program = admitted[row]
         rid = dsl.rule_id(program)
         split = "heldout" if rid in kept_apart else "train"
         manifest = []
         for k, pairs, reason in accepted:
             name = f"{rid}-{k}"
-            (out / SPLIT_DIRS[split] / f"{name}.json").write_text(json.dumps(task_json(pairs)) + "\n")
+            store.write(out / SPLIT_DIRS[split] / f"{name}.json", (json.dumps(task_json(pairs)) + "\n").encode(),
+                        "task")
             manifest.append({"task": name, "split": split, "rule_id": rid, "family": program.family,
                              "depth": compose.depth(program), "rule": program.to_dict(), "gate": reason,
-                             "seed": seed})
-        records[row] = {"manifest": manifest, "counts": dict(sorted(counts.items()))}
-        _write(out / "progress" / "gated" / f"{rid}.json", json.dumps(records[row], sort_keys=True))
+                             "seed": run["seed"]})
+        record = {"manifest": manifest, "counts": dict(sorted(counts.items()))}
+        store.write(out / "progress" / "gated" / f"{rid}.json", json.dumps(record, sort_keys=True).encode(), "gated")
         bar.advance(task)
-    return [records[row] for row in range(len(admitted))]
 
 
-def plot(report: dict, path: Path) -> None:
-    """Admission funnel and gate verdicts per depth, as grouped bars."""
+def _write_outputs(segments, entries, admitted, out) -> Counter:
+    """manifest.jsonl (streamed from the gated records), gate.json and corpus.png, from the ledger alone."""
+    verdicts: dict[int, Counter] = {}
+    funnels: dict[int, Counter] = {}
+    for entry in entries:
+        funnels.setdefault(entry["depth"], Counter()).update(entry["funnel"])
+
+    def lines():
+        for entry, program in _owners(entries, admitted):
+            record = json.loads((out / "progress" / "gated" / f"{dsl.rule_id(program)}.json").read_text())
+            verdicts.setdefault(entry["depth"], Counter()).update(record["counts"])
+            yield from (json.dumps(m, sort_keys=True) + "\n" for m in record["manifest"])
+
+    store.write_lines(out / "manifest.jsonl", lines(), "manifest")
+    total = sum(verdicts.values(), Counter())
+    report = {"seed": segments[-1]["seed"], "runs": len(segments), "rules": len(admitted),
+              "verdicts": dict(sorted(total.items())),
+              "by_depth": {str(d): {"admission": dict(sorted(funnels[d].items())),
+                                    "gate": dict(sorted(verdicts.get(d, {}).items()))} for d in sorted(funnels)}}
+    store.write(out / "gate.json", (json.dumps(report, indent=2) + "\n").encode(), "report")
+    store.write(out / "corpus.png", plot(report), "plot")
+    return total
+
+
+def plot(report: dict) -> bytes:
+    """Admission funnel and gate verdicts per depth, as grouped bars: PNG bytes."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -304,5 +395,7 @@ def plot(report: dict, path: Path) -> None:
         ax.set_title(f"{part} by depth")
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100, metadata={"Software": None})  # no version stamp: same seed, same bytes
+    data = io.BytesIO()
+    fig.savefig(data, format="png", dpi=100, metadata={"Software": None})  # no version stamp: same seed, same bytes
     plt.close(fig)
+    return data.getvalue()
