@@ -171,7 +171,8 @@ def test_generate_reports_depths_and_a_killed_run_resumes_to_the_same_bytes(tmp_
     pairs = [(np.array(p["input"]), np.array(p["output"])) for p in task["train"] + task["test"]]
     assert gate.judge_task(rules.from_dict(paired[0]["rule"]), pairs, rules.probe_bank()).accepted
     assert (whole / "corpus.png").read_bytes()[:4] == b"\x89PNG"
-    # the task folder is a task source where the kit consumes tasks (training.traces, build.traces, grid_tune)
+    # the task folder is a task source where the kit consumes tasks (training.traces, training.calibration_traces,
+    # grid_tune)
     loaded = load_tasks(whole / "tasks")
     assert not loaded.errors and sorted(t.id for t in loaded.tasks) == sorted(r["task"] for r in rows)
     assert all(len(t.train) == 5 and t.test_outputs is not None for t in loaded.tasks)

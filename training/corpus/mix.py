@@ -5,8 +5,8 @@
 The corpus is streamed (issue 32): the manifest is read line by line for task names, and only the drawn tasks' files
 are read, so a million-task corpus is never in memory.
 
-The three entry points that consume labelled tasks for training or calibration (`training.traces`, `build.traces`,
-`training.grid_tune`) take the same options, `--corpus DIR --corpus-fraction F --corpus-seed S`, and the same
+The three entry points that consume labelled tasks for training or calibration (`training.traces`,
+`training.calibration_traces`, `training.grid_tune`) take the same options, `--corpus DIR --corpus-fraction F --corpus-seed S`, and the same
 `[corpus]` table in their TOML `--config` (`dir`, `fraction`, `seed`); an option on the command line wins. DIR is a
 corpus folder as `python -m training.corpus generate` writes it: only its training split (`tasks/`, manifest
 `split = "train"`) is ever mixed in. Its `heldout/` folder is refused: held-out rules are kept apart for the transfer
