@@ -6,8 +6,9 @@ The corpus is streamed (issue 32): the manifest is read line by line for task na
 are read, so a million-task corpus is never in memory.
 
 The three entry points that consume labelled tasks for training or calibration (`training.traces`,
-`training.calibration_traces`, `training.grid_tune`) take the same options, `--corpus DIR --corpus-fraction F --corpus-seed S`, and the same
-`[corpus]` table in their TOML `--config` (`dir`, `fraction`, `seed`); an option on the command line wins. DIR is a
+`training.calibration_traces`, `training.grid_tune`) take the same options, `--corpus DIR --corpus-fraction F
+--corpus-seed S`, and the same `[corpus]` table in their TOML `--config` (`dir`, `fraction`, `seed`); an option on
+the command line wins. DIR is a
 corpus folder as `python -m training.corpus generate` writes it: only its training split (`tasks/`, manifest
 `split = "train"`) is ever mixed in. Its `heldout/` folder is refused: held-out rules are kept apart for the transfer
 probe (`python -m training.corpus.probe`), so that it measures transfer, not recall.
