@@ -72,8 +72,14 @@ def test_the_check_catches_a_no_op_test_pair_and_a_tighter_filter(sample, tmp_pa
 
 def test_bad_manifest_rows_name_the_file_and_the_field(tmp_path):
     (tmp_path / "manifest.jsonl").write_text('{"task": "x", "split": "train"}\n')
-    with pytest.raises(SystemExit, match=r"manifest.jsonl:1: field 'rule' missing"):
-        curriculum.read_corpus(tmp_path)
+    with pytest.raises(curriculum.CurriculumError, match=r"manifest.jsonl:1: field 'rule' missing"):
+        curriculum.read_corpus(tmp_path)  # a library error, not SystemExit: a caller's process goes on
+
+
+def test_the_command_exits_2_naming_the_bad_file(tmp_path, capsys):
+    (tmp_path / "manifest.jsonl").write_text('{"task": "x", "split": "train"}\n')
+    assert curriculum.main(["sample", "--corpus", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert "manifest.jsonl:1: field 'rule' missing" in capsys.readouterr().err
 
 
 def test_the_cheap_solver_infers_the_rules_within_its_budget_and_levels_follow(corpus):

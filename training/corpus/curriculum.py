@@ -31,6 +31,10 @@ from training.corpus import difficulty, rules
 from training.corpus.difficulty import Difficulty, Filter
 
 
+class CurriculumError(ValueError):
+    """A corpus or sample file that cannot be read; the message names the file (and line); the command exits 2."""
+
+
 @dataclass(frozen=True)
 class Entry:
     """One task of a corpus: its name, rule and pairs (five demonstrations, then the test)."""
@@ -91,7 +95,7 @@ def _pairs(path: Path) -> list:
         rows = data["train"] + data["test"]
         return [(np.array(r["input"], dtype=np.int8), np.array(r["output"], dtype=np.int8)) for r in rows]
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise SystemExit(f"{path}: not a task with train and test pairs that have outputs ({err!r})") from None
+        raise CurriculumError(f"{path}: not a task with train and test pairs that have outputs ({err!r})") from None
 
 
 def _rows(path: Path, fields: tuple[str, ...]) -> list[dict]:
@@ -99,15 +103,15 @@ def _rows(path: Path, fields: tuple[str, ...]) -> list[dict]:
     try:
         lines = path.read_text().splitlines()
     except OSError as err:
-        raise SystemExit(f"{path}: {err.strerror}") from None
+        raise CurriculumError(f"{path}: {err.strerror}") from None
     for n, line in enumerate(lines, start=1):
         try:
             row = json.loads(line)
         except ValueError as err:
-            raise SystemExit(f"{path}:{n}: not JSON ({err})") from None
+            raise CurriculumError(f"{path}:{n}: not JSON ({err})") from None
         missing = [f for f in fields if f not in row]
         if missing:
-            raise SystemExit(f"{path}:{n}: field {missing[0]!r} missing")
+            raise CurriculumError(f"{path}:{n}: field {missing[0]!r} missing")
         rows.append(row)
     return rows
 
@@ -156,7 +160,7 @@ def _check(args) -> int:
         summary = json.loads(summary_path.read_text())
         chosen, budget = Filter(**summary["filter"]), int(summary["budget"])
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise SystemExit(f"{summary_path}: no filter and budget to check against ({err!r})") from None
+        raise CurriculumError(f"{summary_path}: no filter and budget to check against ({err!r})") from None
     path = args.sample / "curriculum.jsonl"
     recorded = _rows(path, ("task", "rule", "level", "operations", "solver_pass", "depth"))
     entries = [Entry(r["task"], rules.from_dict(r["rule"], f"{path}:{n}: rule"), r["rule"],
@@ -182,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check", help="check a sample: exit 1 on any finding")
     check.add_argument("sample", type=Path)
     args = parser.parse_args(argv)
-    return _sample(args) if args.command == "sample" else _check(args)
+    try:
+        return _sample(args) if args.command == "sample" else _check(args)
+    except CurriculumError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
