@@ -56,10 +56,12 @@ def run_group(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
                             start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
+    finally:  # the whole group, even when the solver itself has exited: what it left would outlive the test
+        try:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        except ProcessLookupError:
+            pass
+        proc.wait()
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
