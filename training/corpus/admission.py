@@ -9,19 +9,24 @@ where the distance is the number of differing slots. Before that, `admit_program
 that does nothing on the bank (dropping a post operation, making the mask operator `keep` or switching the
 connectivity leaves every slot as it was: bbox then flip_lr is just bbox): no task could show that stage, so the gate
 would reject all of its tasks.
-The search does not scan the corpus (issue 32): `BlockIndex` buckets every admitted vector by a hash of each of b
-interleaved blocks of slots. Two vectors at distance d < b agree exactly on at least b - d blocks (pigeonhole), so
-the rows sharing a bucket with a candidate hold every admitted row within distance b - 1; only those are compared
-slot by slot. Admission decides at distance < 3 with 3 blocks (exact: every row within distance 2 is compared).
-The gate's rivals (`nearest`) are the nearest rules within `RIVAL_RADIUS` = 15, found with 16 blocks; a bucket is
-read up to its first `BUCKET_CAP` rows (admission order), so rival search stays bounded where many rules share a
-block (rules valid on few slots) and is exact while no bucket it reads is fuller than that.
+The search does not scan the corpus (issue 32): `BlockIndex` splits the slots into b interleaved blocks and keys
+every admitted vector by a hash of each set of `agree` of its blocks. Two vectors at distance d agree exactly on at
+least b - d blocks (pigeonhole), so at d <= b - agree they share a key: the rows sharing a bucket with a candidate
+hold every admitted row within distance b - agree, and only those are compared slot by slot. Admission decides at
+distance < 3 with 4 blocks keyed in pairs (exact: every row within distance 2 is compared). Pairs, not single blocks
+as at first: one block of 3 is a third of the slots, which rules valid on few slots (all errors there) share by the
+hundred, so the rows compared grew with the corpus (206 on average at 100k rows, 2026-12-06); two blocks of 4 are
+half of them, which such rules rarely share. The gate's rivals (`nearest`) are the nearest rules within
+`RIVAL_RADIUS` = 15, found with 16 single blocks; a bucket is read up to its first `BUCKET_CAP` rows (admission
+order), so rival search stays bounded where many rules share a block and is exact while no bucket it reads is
+fuller than that.
 `Admitter` is the pure core (arrays in, verdicts out); `behaviours` is the shell that runs the oracle.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -116,22 +121,26 @@ def behaviours(program: Program, probes: tuple[np.ndarray, ...], conjugates: int
 
 
 class BlockIndex:
-    """Row numbers bucketed by a 64-bit hash of each of `blocks` interleaved blocks of slots (slot i is in block
-    i mod blocks). `near` returns every row that shares a block with a query, a superset of the rows within distance
-    blocks - 1 (a hash collision only adds a row, which the exact comparison then places). Memory: one dict entry
-    per row and block."""
+    """Row numbers bucketed by a 64-bit hash of each set of `agree` of `blocks` interleaved blocks of slots (slot i
+    is in block i mod blocks). `near` returns every row that shares a key with a query, a superset of the rows within
+    distance blocks - agree (a hash collision only adds a row, which the exact comparison then places). Memory: one
+    dict entry per row and set of blocks."""
 
-    def __init__(self, n_slots: int, blocks: int) -> None:
+    def __init__(self, n_slots: int, blocks: int, agree: int = 1) -> None:
         self.blocks = blocks
-        # odd multipliers: a one-slot change always changes its block's key (x * odd != 0 mod 2^64 for x != 0)
-        self._mult = np.random.default_rng(32).integers(0, 1 << 63, n_slots, dtype=np.uint64) * np.uint64(2) + \
-            np.uint64(1)
-        self._buckets: list[dict[int, list[int]]] = [{} for _ in range(blocks)]
+        self.sets = np.array(list(itertools.combinations(range(blocks), agree)), dtype=np.int64)
+        rng = np.random.default_rng(32)
+        # odd multipliers: a one-slot change always changes its block's hash, and a set's key mixes its blocks'
+        # hashes in order (x * odd != 0 mod 2^64 for x != 0)
+        self._mult = rng.integers(0, 1 << 63, n_slots, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+        self._mix = rng.integers(0, 1 << 63, agree, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+        self._buckets: list[dict[int, list[int]]] = [{} for _ in self.sets]
 
     def keys(self, rows: np.ndarray) -> np.ndarray:
-        """(m, blocks) bucket keys of an (m, n_slots) array of behaviour rows."""
+        """(m, number of block sets) bucket keys of an (m, n_slots) array of behaviour rows."""
         mixed = rows.astype(np.uint64) * self._mult  # wraps mod 2^64, as a hash should
-        return np.stack([mixed[:, b::self.blocks].sum(axis=1) for b in range(self.blocks)], axis=1)
+        block = np.stack([mixed[:, b::self.blocks].sum(axis=1) for b in range(self.blocks)], axis=1)
+        return (block[:, self.sets] * self._mix).sum(axis=2)
 
     def add(self, first: int, rows: np.ndarray) -> None:
         """Index rows numbered first, first + 1, ..."""
@@ -140,7 +149,7 @@ class BlockIndex:
                 bucket.setdefault(key, []).append(first + offset)
 
     def near(self, rows: np.ndarray, cap: int | None = None) -> np.ndarray:
-        """Sorted row numbers that share at least one block with any of `rows` (the first `cap` of each bucket)."""
+        """Sorted row numbers that share at least one key with any of `rows` (the first `cap` of each bucket)."""
         found: set[int] = set()
         for keys in self.keys(rows).tolist():
             for bucket, key in zip(self._buckets, keys):
@@ -168,7 +177,8 @@ class Admitter:
 
     def __post_init__(self) -> None:
         self._rows = np.empty((1024, self.n_slots), dtype=np.int64)
-        self._indexes = (BlockIndex(self.n_slots, MIN_DISTANCE), BlockIndex(self.n_slots, RIVAL_RADIUS + 1))
+        self._indexes = (BlockIndex(self.n_slots, MIN_DISTANCE + 1, agree=2),
+                         BlockIndex(self.n_slots, RIVAL_RADIUS + 1))
 
     @classmethod
     def restored(cls, ids: list[str], matrix: np.ndarray, room: int = 0) -> "Admitter":
