@@ -3,8 +3,8 @@
 
 Cost per admitted rule as the corpus grows (issue 32): for each corpus size, the seconds to judge a candidate and
 to choose a rule's rivals (`nearest`), as a ratio to the smallest size measured in the same run (admitting a row
-adds it to a dict per block, which does not depend on the size); with `--real`, the same plus the oracle work per
-candidate measured on real rules (what a run spends per candidate at that size).
+adds it to a dict per set of blocks, which does not depend on the size); with `--real`, the same plus the oracle
+work per candidate measured on real rules (what a run spends per candidate at that size).
 Target: flat, the largest size at most 1.5x the smallest: the whole cost per candidate with `--real` (the
 default), the search alone without it (exit 1 otherwise). The search alone is printed either way: it is well under
 a millisecond, where the shared VM's load moves it by 2x between runs.
