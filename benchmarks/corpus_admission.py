@@ -7,7 +7,10 @@ adds it to a dict per set of blocks, which does not depend on the size); with `-
 work per candidate measured on real rules (what a run spends per candidate at that size).
 Target: flat, the largest size at most 1.5x the smallest: the whole cost per candidate with `--real` (the
 default), the search alone without it (exit 1 otherwise). The search alone is printed either way: it is well under
-a millisecond, where the shared VM's load moves it by 2x between runs.
+a millisecond, where the shared VM's load moves it by 2x between runs. Beside it, the mean rows compared slot by slot
+per candidate by the judge (admission's index) and by `nearest` (the rivals' index), and their ratio largest /
+smallest size: the same cost without the noise (`Admitter.cost`; a candidate valid on fewer than 16 slots is refused
+before any search and counts 0 rows; tests/test_corpus.py pins these figures).
 The corpora are synthetic behaviour rows: each is the raw behaviour of one of `--templates` real single rules (all
 four families, generate's order) with every valid slot replaced by a fresh output code with probability 0.3-0.9,
 error slots kept. So the rows have the real error structure (a rule is valid on 0-144 of the 656 slots; blocks
@@ -41,9 +44,10 @@ def synthetic(templates: np.ndarray, count: int, rng: np.random.Generator) -> np
 
 
 def seconds_per_rule(size: int, candidates: int, templates: np.ndarray, rng: np.random.Generator,
-                     repeats: int = 5) -> float:
+                     repeats: int = 5) -> tuple[float, float, float]:
     """Judge `candidates` new rules against a corpus of `size` rows and choose the rivals of as many admitted rows:
-    the best of `repeats` passes (neither changes the corpus; the shared 2-core machine is noisy at this scale)."""
+    the best of `repeats` passes (neither changes the corpus; the shared 2-core machine is noisy at this scale), and
+    the mean rows compared per candidate by the judge and by `nearest` (the same in every pass)."""
     # a restored corpus: admitting one by one at every size would take the benchmark hours
     adm = admission.Admitter.restored([str(i) for i in range(size)], synthetic(templates, size, rng))
     cands = [np.array([row] * 8) for row in synthetic(templates, candidates, rng)]
@@ -55,7 +59,8 @@ def seconds_per_rule(size: int, candidates: int, templates: np.ndarray, rng: np.
             adm.judge(cand)
             adm.nearest(int(row), generate.NEAREST)
         best = min(best, time.perf_counter() - start)
-    return best / candidates
+    calls = repeats * candidates
+    return best / candidates, adm.cost.judge_rows / calls, adm.cost.nearest_rows / calls
 
 
 def main() -> None:
@@ -71,14 +76,21 @@ def main() -> None:
     templates = np.array([admission.raw_behaviour(p, probes)
                           for p in generate.leaf_candidates(list(rules.FAMILIES), 0)[:args.templates]])
     sizes = [int(s) for s in args.sizes.split(",")]
-    base, seconds = None, []
-    print("| admitted rules | judge + rivals per rule | ratio to smallest | size ratio |")
-    print("| --- | --- | --- | --- |")
+    base, seconds, compared = None, [], []
+    print("| admitted rules | judge + rivals per rule | ratio to smallest | size ratio | rows compared: judge | "
+          "nearest |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for size in sizes:
-        sec = seconds_per_rule(size, args.candidates, templates, rng)
+        sec, judge_rows, nearest_rows = seconds_per_rule(size, args.candidates, templates, rng)
         seconds.append(sec)
+        compared.append((judge_rows, nearest_rows))
         base = base or (sec, size)
-        print(f"| {size} | {sec * 1e3:.2f} ms | {sec / base[0]:.2f}x | {size / base[1]:.0f}x |")
+        print(f"| {size} | {sec * 1e3:.2f} ms | {sec / base[0]:.2f}x | {size / base[1]:.0f}x | {judge_rows:.3f} | "
+              f"{nearest_rows:.1f} |")
+    growth = [f"{name} {last / first:.2f}x" if first else f"{name} {first:.3f} -> {last:.3f}"
+              for name, first, last in zip(("judge", "nearest"), compared[0], compared[-1])]
+    print(f"rows compared per candidate at {sizes[-1]} / at {sizes[0]} (size {sizes[-1] / sizes[0]:.0f}x): "
+          f"{', '.join(growth)}")
     search = {size: sec for size, sec in zip(sizes, seconds)}
     search_ratio = worst = search[sizes[-1]] / search[sizes[0]]
     if args.real:

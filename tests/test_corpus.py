@@ -8,6 +8,7 @@ import importlib
 import json
 import re
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -208,6 +209,40 @@ def test_exact_search_matches_a_brute_force_loop_across_chunks(monkeypatch):
     assert np.array_equal(restored.distances(cand), brute) and restored.ids == adm.ids
     with pytest.raises(ValueError, match="one row per id"):
         admission.Admitter.restored(adm.ids[:-1], adm.matrix)
+
+
+def test_the_searches_compare_few_rows_as_the_corpus_grows(monkeypatch):
+    """The rows compared slot by slot (`Admitter.cost`), the searches' cost without the shared machine's noise, on
+    corpora of 2,000 and 16,000 rows made as benchmarks/corpus_admission.py makes them: real rules' raw behaviours on
+    the bank with valid slots redrawn, error slots kept (the real error structure, which fills buckets). The judge
+    compares a row only where it shares half of the candidate's slots exactly (2 of 4 blocks): under 1 row per
+    100,000 admitted on average (0.0003 and 0.015 per candidate here; 3 single blocks, a third of the slots, compared
+    0.053 and 0.67). A bound relative to the size, as the judge's count still grows with these corpora (120
+    templates, denser as the corpus grows: 1 row in all, then 44). `nearest` reads at most BUCKET_CAP rows of each of
+    its 16 buckets, and grows far less than the corpus (18.4 and 41.9 rows per call here)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from corpus_admission import synthetic
+
+    probes = rules.probe_bank()
+    templates = np.array([admission.raw_behaviour(p, probes)
+                          for p in generate.leaf_candidates(list(rules.FAMILIES), 0)[:120]])
+    judged, rivals = {}, {}
+    for size in (2_000, 16_000):
+        rng = np.random.default_rng(0)
+        adm = admission.Admitter.restored([str(i) for i in range(size)], synthetic(templates, size, rng))
+        candidates = synthetic(templates, 3_000, rng)
+        for cand in candidates:
+            adm.judge(np.array([cand] * 8))
+        judged[size] = adm.cost.judge_rows / len(candidates)
+        most = 0
+        for row in rng.integers(size, size=200).tolist():
+            before = adm.cost.nearest_rows
+            adm.nearest(row, generate.NEAREST)
+            most = max(most, adm.cost.nearest_rows - before)
+        assert adm.cost.nearest_calls == 200 and most <= (admission.RIVAL_RADIUS + 1) * admission.BUCKET_CAP, most
+        rivals[size] = adm.cost.nearest_rows / 200
+    assert all(judged[size] < size / 100_000 for size in judged), judged
+    assert rivals[16_000] < 3 * rivals[2_000], rivals  # the corpus grew 8x
 
 
 def test_a_real_near_duplicate_at_hamming_distance_2_is_refused(probes):

@@ -166,12 +166,25 @@ class Verdict:
 
 
 @dataclass
+class SearchCost:
+    """Rows compared slot by slot, and the searches that compared them, since the admitter was made: a noise-free
+    figure of the block indexes' cost (times move 2x with the shared machine's load; these do not), which
+    benchmarks/corpus_admission.py prints and tests/test_corpus.py pins. `judge_calls` counts the judge's index
+    searches only (not a candidate valid on too few slots, nor one judged against an empty corpus)."""
+    judge_rows: int = 0
+    judge_calls: int = 0
+    nearest_rows: int = 0
+    nearest_calls: int = 0
+
+
+@dataclass
 class Admitter:
-    """The admitted behaviour vectors (one row per rule), their block indexes (admission's and the rivals') and the
-    funnel of every verdict so far."""
+    """The admitted behaviour vectors (one row per rule), their block indexes (admission's and the rivals'), the
+    funnel of every verdict so far and the searches' cost (`cost`)."""
     n_slots: int
     ids: list[str] = field(default_factory=list)
     funnel: Counter = field(default_factory=Counter)
+    cost: SearchCost = field(default_factory=SearchCost)
     _rows: np.ndarray | None = None
     _indexes: tuple[BlockIndex, BlockIndex] | None = None
 
@@ -216,6 +229,8 @@ class Admitter:
         if not self.ids:
             return Verdict("admitted", -1, -1, None)
         near = self._indexes[0].near(conjugates)
+        self.cost.judge_rows += near.size
+        self.cost.judge_calls += 1
         dist = np.minimum(self.distances(conjugates, near), MIN_DISTANCE)  # farther: admitted, not placed
         if not near.size or int(dist.min()) >= MIN_DISTANCE:
             return Verdict("admitted", MIN_DISTANCE, MIN_DISTANCE, None)
@@ -253,6 +268,8 @@ class Admitter:
         admission order."""
         near = self._indexes[1].near(self.matrix[row][None, :], BUCKET_CAP)
         near = near[near != row]
+        self.cost.nearest_rows += near.size
+        self.cost.nearest_calls += 1
         dist = self.distances(self.matrix[row][None, :], near)[0]
         order = [int(near[i]) for i in np.argsort(dist, kind="stable") if dist[i] <= RIVAL_RADIUS]
         return [self.ids[i] for i in order[:k]]
