@@ -13,7 +13,7 @@ smallest size: the same cost without the noise (`Admitter.cost`; a candidate val
 before any search and counts 0 rows; tests/test_corpus.py pins these figures).
 The corpora are synthetic behaviour rows: each is the raw behaviour of one of `--templates` real single rules (all
 four families, generate's order) with every valid slot replaced by a fresh output code with probability 0.3-0.9,
-error slots kept. So the rows have the real error structure (a rule is valid on 0-144 of the 656 slots; blocks
+error slots kept. So the rows have the real error structure (a rule is valid on a fraction of the 1,188 slots; blocks
 where many rules agree), which is what fills buckets; the candidates are drawn the same way.
 `--real` also times whole candidates (redundant-stage check, oracle on the bank x 8 conjugates, search) of all four
 families in generate's order (rules admitted per second), and `--gates` times the task gate on that many admitted
