@@ -64,3 +64,16 @@ def test_the_benchmarks_grid_model_has_the_layers_asked_for(tmp_path):
 
     config = AutoConfig.from_pretrained(grid_checkpoint(tmp_path, "tiny", 3))
     assert config.num_hidden_layers == len(config.layer_types) == 3 and config.vocab_size == 16
+
+
+def test_the_engine_benchmark_splits_a_step_from_a_request():
+    """benchmarks/engine_overhead.py charges the decode step with the difference between a long and a short batch
+    and the rest to each request: batches timed as 2 ms a step plus 30 ms a request (8 requests) come back as both,
+    from the best (shortest) time of each length, whatever the noise on the others."""
+    from engine_overhead import Cost
+
+    def seconds(tokens: int, noise: float = 0.0) -> float:
+        return (2.0 * tokens + 30.0 * 8) / 1000 + noise
+
+    cost = Cost.of([seconds(96, 0.05), seconds(96)], [seconds(288), seconds(288, 0.2)], (96, 288), 8)
+    assert cost.step_ms == pytest.approx(2.0) and cost.request_ms == pytest.approx(30.0)

