@@ -85,7 +85,7 @@ def kit_engine(model_dir: Path, config, prompts: list[list[int]], vllm_scheduler
 
     from submission.answer import THINK_END, THINK_START, Reply, answer_grammar, banned_answer_ids, forced_end
     from submission.engines.base import GenerationRequest
-    from submission.engines.vllm import SUB_CONFIGS, engine_kwargs, kit_classes, sampling_kwargs
+    from submission.engines.vllm import SUB_CONFIGS, engine_kwargs, kit_classes, open_thinking, sampling_kwargs
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     end_str = forced_end(config.forced_close)
@@ -104,8 +104,8 @@ def kit_engine(model_dir: Path, config, prompts: list[list[int]], vllm_scheduler
     params = []
     for index, ids in enumerate(prompts):
         request = GenerationRequest(f"bench/{index}", tuple(ids), THINKING_CAP, seed=index)
-        open_thinking = len(ids) - 1 - ids[::-1].index(think_start) - 1
-        kwargs = sampling_kwargs(config, request, forced, grammar, think_end, banned, open_thinking)
+        kwargs = sampling_kwargs(config, request, forced, grammar, think_end, banned,
+                                 open_thinking(ids, think_start, think_end))
         kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
         params.append(SamplingParams(**kwargs))
     return engine, processor, params

@@ -42,6 +42,7 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from submission.answer import THINK_END, THINK_START, Reply, answer_grammar, banned_answer_ids, forced_end
@@ -115,6 +116,15 @@ def engine_kwargs(model_dir: str, c: EngineConfig, end_str: str, enforce_eager: 
     if c.indexer_kv_dtype != "auto":
         args["attention_config"] = {"indexer_kv_dtype": c.indexer_kv_dtype}
     return args
+
+
+def open_thinking(prompt_ids: Sequence[int], think_start: int, think_end: int) -> int:
+    """Tokens after the prompt's last `<think>` when no `</think>` follows it: vLLM counts them as thinking."""
+    ids = list(prompt_ids)
+    if think_start not in ids:
+        return 0
+    start = len(ids) - 1 - ids[::-1].index(think_start)
+    return 0 if think_end in ids[start:] else len(ids) - start - 1
 
 
 def sampling_kwargs(c: EngineConfig, request: GenerationRequest, forced_len: int, grammar: str, think_end: int,
@@ -203,7 +213,8 @@ class VLLMEngine:
         from vllm.sampling_params import StructuredOutputsParams
 
         kwargs = sampling_kwargs(self.config, request, len(self.forced_ids), self.grammars[request.reply],
-                                 self.think_end, self.banned, self._open_thinking(request.prompt_ids))
+                                 self.think_end, self.banned,
+                                 open_thinking(request.prompt_ids, self.think_start, self.think_end))
         kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
         params = SamplingParams(**kwargs)
         from vllm.v1.engine.exceptions import EngineDeadError
@@ -224,14 +235,6 @@ class VLLMEngine:
         return Completion(request.request_id, self.tokenizer.decode(ids, skip_special_tokens=False), thinking,
                           len(ids) - thinking, self.think_end in ids and not forced, finish, started,
                           time.monotonic(), tuple(ids))
-
-    def _open_thinking(self, prompt_ids: tuple[int, ...]) -> int:
-        """Tokens after the prompt's last `<think>` when no `</think>` follows it: vLLM counts them as thinking."""
-        ids = list(prompt_ids)
-        if self.think_start not in ids:
-            return 0
-        start = len(ids) - 1 - ids[::-1].index(self.think_start)
-        return 0 if self.think_end in ids[start:] else len(ids) - start - 1
 
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)
