@@ -369,7 +369,7 @@ def rehearse(args: argparse.Namespace, profile: str, model: Path, env: dict, gri
         problems.insert(0, f"the solver exited with status {status}"
                         + ("" if logged else " before any attempt finished (did the engine start? see above)"))
     for line, path in logs.items():
-        for text in engine_report(path):
+        for text in engine_report(path) if line != "grid line" else ():  # the grid line runs no vLLM engine
             print(f"boot: rehearsal: {line + ': ' if line else ''}{text}", flush=True)
     if problems:
         raise BootError("rehearsal failed: " + "; ".join(problems))
