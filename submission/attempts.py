@@ -2,7 +2,8 @@
 
 One record per finished attempt (SPEC section 2): which input and attempt, level, view, seed, cap, how thinking ended,
 the grid (or why none), the program and its check, times and token counts, and what the engine measured of itself
-meanwhile (accepted drafts, decode rate, preemptions: submission.engine_numbers). The log is appended one line per record,
+meanwhile (accepted drafts, decode rate, preemptions: submission.engine_numbers). The log is appended one line per
+record,
 flushed and fsynced, so a kill loses at most the line being written; a torn last line is ignored on reading and cut
 by `repair_log` before a resumed run appends to the log (else the next record would join it and a second resume fail).
 """

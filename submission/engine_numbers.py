@@ -1,4 +1,5 @@
-"""What the engine itself measured in a run, against what the profile assumes: accepted drafts, decode rate, preemptions.
+"""What the engine measured of itself in a run, against what the profile assumes: accepted drafts, decode rate and
+preemptions.
 
 The numbers are vLLM's own (submission.engines.vllm's stat logger reads `SchedulerStats.spec_decoding_stats`, a
 `SpecDecodingStats`, and `IterationStats.num_preempted_reqs` after every engine step) summed into the throughput

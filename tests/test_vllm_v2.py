@@ -354,14 +354,16 @@ class Touched:
     def _rows(self, pointers, mask, itemsize) -> set[int]:
         import numpy as np
 
-        offsets = (pointers[np.broadcast_to(mask, pointers.shape)].astype(np.int64) - self.logits.data_ptr()) // itemsize
+        addresses = pointers[np.broadcast_to(mask, pointers.shape)].astype(np.int64)
+        offsets = (addresses - self.logits.data_ptr()) // itemsize
         inside = offsets[(offsets >= 0) & (offsets < self.logits.numel())]
         return set((inside // self.logits.stride(0)).tolist()), inside.size
 
     def __enter__(self):
         from triton.runtime.interpreter import GridExecutor, InterpreterBuilder
 
-        self.saved = InterpreterBuilder.create_masked_store, InterpreterBuilder.create_masked_load, GridExecutor.__call__
+        self.saved = (InterpreterBuilder.create_masked_store, InterpreterBuilder.create_masked_load,
+                      GridExecutor.__call__)
         store, load, launch = self.saved
 
         def kernel(executor, *args, **kwargs):
