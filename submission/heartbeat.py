@@ -156,3 +156,8 @@ class HeartbeatWriter:
         write(self.path, Heartbeat(phase, os.getpid(), time.time(), round(time.monotonic() - self._phase_start, 3),
                                    attempts, queued, running, engine_tokens, quiet_s, drafts, accepted_drafts,
                                    preemptions, round(decode_tok_s, 3)))
+
+    def beat_combined(self, beats: Sequence[Heartbeat]) -> None:
+        """One heartbeat for a run of several solver processes (both lines), from theirs: `combine`."""
+        phase, counts = combine(beats)
+        self.beat(phase, **counts)

@@ -91,6 +91,15 @@ def test_combined_heartbeats_take_the_most_advanced_phase_and_sum_the_counts():
     assert hb.combine([]) == ("loading", {})
 
 
+def test_a_combined_run_writes_a_heartbeat_its_supervisor_can_read(tmp_path):
+    """submission.both wrote `beat(*combine(...))`: the counts dict went in as `attempts`, and every combined record
+    was refused by `parse` (the supervisor skips it) until the lines ended."""
+    writer = hb.HeartbeatWriter(tmp_path / "hb.json")
+    writer.beat_combined([beat("engine-start", 1, 2, 0, 10), replace(beat("solving", 3, 4, 2, 5), preemptions=2)])
+    read = hb.read(tmp_path / "hb.json")
+    assert (read.phase, read.attempts, read.queued, read.engine_tokens, read.preemptions) == ("solving", 4, 6, 15, 2)
+
+
 def test_the_engines_numbers_survive_the_heartbeat_file(tmp_path):
     writer = hb.HeartbeatWriter(tmp_path / "hb.json")
     writer.beat("solving", 2, 1, 3, 500, drafts=40, accepted_drafts=61, preemptions=2, decode_tok_s=8.25)
