@@ -39,6 +39,7 @@ from sim.report import distribution_png, report_json, summary, sweep_table, text
 from sim.scenario import (SERVING_MODELS, describe, for_profile, make_scenario, parse_counts, read_scenario, resolve,
                           variants)
 from sim.serving import load_serving, trace_from_windows
+from submission import engine_numbers
 from submission.attempts import read_log
 from submission.profiles import ProfileError, load_profile
 from submission.tasks import LoadError, load_tasks
@@ -147,7 +148,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     kv = profile.engine.kv_cache_memory_bytes  # a pinned cache size in bytes is not a token count: ask for it
     result = fit(read_windows(args.stats), args.kv_tokens, profile.engine.max_num_seqs)
     text = to_toml(result.model, f"fitted by python -m sim calibrate on {args.stats} ({result.windows} windows, "
-                                 f"mean token error {100 * result.token_error:.1f}%)")
+                                 f"mean token error {100 * result.token_error:.1f}%; "
+                                 f"{engine_numbers.line(result.engine)})")
     print(text, end="")
     print(f"# fit error: predicted tokens per window off by {100 * result.token_error:.1f}% on average"
           + ("" if kv == 0 else f"; kv_tokens is --kv-tokens, not the profile's {kv} bytes"))

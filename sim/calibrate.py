@@ -6,6 +6,11 @@ Each decode step gives every running request one token, so the window ran S = to
 is linear in (a, b, c, p): a least-squares fit over the windows with work in them (coefficients kept >= 0 by refitting
 without any that come out negative). The fit error is reported as the mean absolute relative error of the predicted
 tokens per window. The startup is the start of the first window with tokens.
+
+The windows also hold the engine's own counts (vLLM's drafts verified and accepted, preemptions;
+submission.engine_numbers): the fit reports them beside the model. It does not use them: the step model gives every
+running request one token a step, so a run with drafts fits a step that takes 1 / (1 + accepted drafts a step) of the
+real one (`a`, `b`, `c` hold the acceptance, as the serving model's docstring says).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.serving import ServingModel
-from submission import strict_toml
+from submission import engine_numbers, strict_toml
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,7 @@ class Fit:
     model: ServingModel
     windows: int
     token_error: float  # mean |predicted - actual| / actual tokens per window
+    engine: engine_numbers.EngineNumbers  # what the engine measured of itself over the same windows (all of them)
 
 
 def read_windows(path: str | Path) -> list[dict]:
@@ -64,7 +70,7 @@ def fit(windows: list[dict], kv_tokens: int, max_num_seqs: int) -> Fit:
     startup = min(w["start"] for w in busy)
     model = ServingModel(values["a"], values["b"], values["c"], values["p"], max(startup, 0.0), kv_tokens,
                          max_num_seqs)
-    return Fit(model, len(busy), error)
+    return Fit(model, len(busy), error, engine_numbers.from_windows(windows))
 
 
 def to_toml(model: ServingModel, note: str) -> str:

@@ -18,6 +18,8 @@ here with its report); split files joined into a view of links; then either
   scaled to `--rehearsal-deadline` (`--scale-schedule`) so every task gets an attempt, written and scored under
   out-dir/rehearsal/, and ended (SIGTERM) as soon as every task has a finished attempt (`--rehearsal-full`: run to
   the deadline); exit status 3 if the solver fails (the engine did not start) or a task gets no finished attempt;
+  it prints what the engine measured (accepted drafts a step, decode tokens/s a request, preemptions) against the
+  profile's assumptions, with a WARNING naming the likely cause of each shortfall (submission.engine_numbers);
 the solver supervised either way (supervise: relaunched with --resume after a crash, a hang or an endless engine
 start, with the bundle's knobs, kit/bundle.json "boot"), and finally the answer file checked task by task, a missing
 or broken task given its `[[0]]` slots. Every step boot waits for ends before the time limit (END_MARGIN_S). A
@@ -34,12 +36,13 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script (kit/submission/boot.py): the kit's own modules, stdlib-only ones
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from submission import kaggle_mounts, locked_install  # noqa: E402
+from submission import engine_numbers, kaggle_mounts, locked_install  # noqa: E402
 from submission.bundle_files import (MANIFEST, MODEL_DIRS, disk_needed, join_split_files, manifest_problems,  # noqa: E402
                                      materialise, mounted, top_levels)
 from submission.kaggle_mounts import COMPETITION, EVALUATION_FILE, EVALUATION_SOLUTIONS, TEST_FILE  # noqa: E402
@@ -324,6 +327,16 @@ def run_rehearsal(command: list[str], cwd: Path, env: dict, timeout: float,
     return run_step(command, cwd, env, timeout, "the solver", heartbeat, supervision, until=goal_met)
 
 
+def engine_report(log: Path) -> list[str]:
+    """What the engine measured in a run (its `<log>.stats.jsonl`) against the profile the solver wrote beside its
+    answers (profile.toml): submission.engine_numbers.report. Never raises: a missing or unreadable file is said."""
+    stats, profile = log.with_suffix(".stats.jsonl"), log.parent / "profile.toml"
+    try:
+        return engine_numbers.report(engine_numbers.read_stats(stats), tomllib.loads(profile.read_text()))
+    except (OSError, ValueError) as err:  # tomllib.TOMLDecodeError is a ValueError
+        return [f"engine: no statistics to report ({type(err).__name__}: {err})"]
+
+
 def rehearse(args: argparse.Namespace, profile: str, model: Path, env: dict, grid_model: Path | None = None) -> int:
     """The commit run: the bundle's profile on a few public evaluation tasks with the schedule scaled to a short
     deadline, written and scored under out-dir/rehearsal/ (submission.json stays the [[0]] file of the test set).
@@ -355,6 +368,9 @@ def rehearse(args: argparse.Namespace, profile: str, model: Path, env: dict, gri
     if status != 0:  # -14: its own deadline alarm (SIGALRM) ended it
         problems.insert(0, f"the solver exited with status {status}"
                         + ("" if logged else " before any attempt finished (did the engine start? see above)"))
+    for line, path in logs.items():
+        for text in engine_report(path) if line != "grid line" else ():  # the grid line runs no vLLM engine
+            print(f"boot: rehearsal: {line + ': ' if line else ''}{text}", flush=True)
     if problems:
         raise BootError("rehearsal failed: " + "; ".join(problems))
     print(f"boot: rehearsal ok: every one of {len(ids)} tasks got a finished attempt"

@@ -39,7 +39,7 @@ from pathlib import Path
 from submission import cli
 from submission.answers import AnswerFile, render_submission
 from submission.attempts import read_log
-from submission.heartbeat import HeartbeatError, HeartbeatWriter, combine, path_for_log, read
+from submission.heartbeat import HeartbeatError, HeartbeatWriter, path_for_log, read
 from submission.merge import merge_logs
 from submission.profiles import MERGE_S, BothProfile, ProfileError, line_profiles, load_both_profile
 from submission.tasks import LoadError, TaskSet
@@ -140,7 +140,7 @@ def run_lines(args: argparse.Namespace, both: BothProfile, tasks: TaskSet, limit
                     answers.write()
             if not running:
                 break
-            heartbeat.beat(*combine(line_beats(lines)))
+            heartbeat.beat_combined(line_beats(lines))
             time.sleep(both.poll_s)
     finally:
         for name, (_, process) in lines.items():

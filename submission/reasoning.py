@@ -36,6 +36,7 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from submission import engine_numbers
 from submission.answers import AnswerFile, render_submission
 from submission.attempts import AttemptLog, AttemptRecord, read_log, repair_log
 from submission.cli import (
@@ -107,10 +108,17 @@ class Run:
         self.engines.append(engine)
         return engine
 
+    def measured(self) -> engine_numbers.EngineNumbers:
+        """What the engines measured of themselves so far (every restart's)."""
+        return engine_numbers.from_meters(engine.meter for engine in self.engines)
+
     def beat(self, phase: str, scheduler: Scheduler | None = None, running: int = 0) -> None:
-        """The heartbeat: the phase, attempts finished, work queued and running, tokens generated so far."""
-        tokens = sum(engine.meter.generated for engine in self.engines)
-        self.heartbeat.beat(phase, len(self.finished), scheduler.pending() if scheduler else 0, running, tokens)
+        """The heartbeat: the phase, attempts finished, work queued and running, tokens generated so far, and the
+        engines' own numbers (drafts verified and accepted, preemptions, the decode rate of a running request)."""
+        n = self.measured()
+        self.heartbeat.beat(phase, len(self.finished), scheduler.pending() if scheduler else 0, running, n.tokens,
+                            drafts=n.drafts, accepted_drafts=n.accepted_drafts, preemptions=n.preemptions,
+                            decode_tok_s=n.decode_tok_s or 0.0)
 
     def flush_stats(self, engine, final: bool = False) -> None:
         """Append the engine's finished windows to the stats file; `final` ends the one in progress too."""
@@ -308,7 +316,8 @@ class Run:
                 self.flush_stats(attempts.engine)
                 answered = sum(1 for key in self.candidates.by_input if self.candidates.by_input[key])
                 progress.update(bar, completed=answered, description=(
-                    f"inputs answered | attempts {len(self.finished)} | in flight {len(running)}"))
+                    f"inputs answered | attempts {len(self.finished)} | in flight {len(running)} | "
+                    f"{engine_numbers.line(self.measured())}"))
             self.stats[f"aborted at {self.stopping or 'the hard stop'}"] = await self.abort_running(
                 scheduler, attempts, log, running, started)
         self.stats["skipped (cap too small)"] = len(scheduler.skipped)
@@ -358,6 +367,7 @@ class Run:
             *([f"tool agent: {sum(r.turns for r in agent)} turns in {len(agent)} first attempts, "
                f"{sum(r.turns > 1 for r in agent)} shown their checks"] if (agent := self._agent_records()) else []),
             f"time used: {self.clock():.0f} s; " + ", ".join(f"{k}: {v}" for k, v in self.stats.items()),
+            f"engine: {engine_numbers.line(self.measured())}",
         ]
         labels = {t.id: t.test_outputs for t in self.tasks.tasks if t.test_outputs is not None}
         if labels:

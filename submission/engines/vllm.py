@@ -156,17 +156,28 @@ class VLLMEngine:
         meter = self.meter
 
         class KitStats(StatLoggerBase):  # vLLM calls record() in this process after every engine step
+            """Tokens, running requests, cache in use, and vLLM's own counts of drafts verified and accepted
+            (SchedulerStats.spec_decoding_stats, vllm/v1/spec_decode/metrics.py) and of preemptions
+            (IterationStats.num_preempted_reqs): submission.engine_numbers."""
+
             def __init__(self, vllm_config, engine_index: int = 0):
                 self.cache = vllm_config.cache_config  # num_gpu_blocks is known only once the cache is sized
 
             def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
-                tokens = iteration_stats.num_generation_tokens if iteration_stats is not None else 0
-                prompt = iteration_stats.num_prompt_tokens if iteration_stats is not None else 0
-                running = context = None
+                counts = {}
+                if iteration_stats is not None:
+                    counts = dict(tokens=iteration_stats.num_generation_tokens,
+                                  prompt_tokens=iteration_stats.num_prompt_tokens,
+                                  preemptions=iteration_stats.num_preempted_reqs)
                 if scheduler_stats is not None:
-                    running = scheduler_stats.num_running_reqs
-                    context = scheduler_stats.kv_cache_usage * (self.cache.num_gpu_blocks or 0) * self.cache.block_size
-                meter.add(tokens=tokens, running=running, prompt_tokens=prompt, context=context)
+                    counts["running"] = scheduler_stats.num_running_reqs
+                    counts["context"] = (scheduler_stats.kv_cache_usage * (self.cache.num_gpu_blocks or 0)
+                                         * self.cache.block_size)
+                    spec = scheduler_stats.spec_decoding_stats  # None without speculative decoding
+                    if spec is not None:
+                        counts.update(drafts=spec.num_drafts, draft_tokens=spec.num_draft_tokens,
+                                      accepted_drafts=spec.num_accepted_tokens)
+                meter.add(**counts)
 
             def log_engine_initialized(self):
                 pass

