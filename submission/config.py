@@ -5,6 +5,7 @@
     [schedule] every number of SPEC section 5                                   (submission.schedule.ScheduleConfig)
     [sandbox]  program-check limits                                             (submission.sandbox.SandboxLimits)
     [tool_agent] first attempts that check their programs between turns     (submission.tool_agent.ToolAgentConfig)
+    [selection] which candidates an answer is chosen from                  (submission.selection.SelectionConfig)
     [build]    how make bundle builds this profile's dataset                    (BuildConfig)
 
 Every field is documented where it is defined; submission.profiles reads and writes the files (unknown sections and
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 
 from submission.sandbox import SandboxLimits
 from submission.schedule import ScheduleConfig
+from submission.selection import SelectionConfig
 from submission.tool_agent import ToolAgentConfig
 
 FORCED_CLOSE = "Considering the limited time by the user, I have to give the solution based on the thinking directly now."
@@ -107,4 +109,5 @@ class Profile:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     sandbox: SandboxLimits = field(default_factory=SandboxLimits)
     tool_agent: ToolAgentConfig = field(default_factory=ToolAgentConfig)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
     build: BuildConfig = field(default_factory=BuildConfig)
