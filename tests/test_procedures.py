@@ -260,6 +260,17 @@ def test_moe_direct_uses_the_engines_default_draft_acceptance():
     assert args["speculative_config"]["draft_sample_method"] == "probabilistic"
 
 
+@pytest.mark.parametrize("profile, sharded, local_argmax", [("dense-27b-4xL4", True, True),
+                                                           ("moe-4xL4", False, False), ("moe-4xL4-direct", False, False)])
+def test_the_dense_run_sets_its_two_decode_speed_ups(profile, sharded, local_argmax):
+    """The 44.03 run added batch-sharded sampling and local-argmax draft reduction (study ~2296-2298); the engine
+    hands them to vLLM 0.33 as enable_batch_sharded_sampling and speculative_config.use_local_argmax_reduction (names
+    checked against its source: tests/test_vllm_v2.py). The MoE profiles set neither (their tables say why)."""
+    args = engine_kwargs("m", load_profile(profile).engine, "</think>", False, True)
+    assert args.get("enable_batch_sharded_sampling", False) is sharded
+    assert args["speculative_config"].get("use_local_argmax_reduction", False) is local_argmax
+
+
 @pytest.mark.parametrize("key, value, message", [
     ("repair_after", "never", "repair_after must be one of first, both"),
     ("promote_below_thinking", -1, "promote_below_thinking must be 0"),
