@@ -291,3 +291,15 @@ def test_a_bad_grid_format_is_refused_with_the_key(tmp_path):
     path.write_text('[prompt]\ngrid_format = "yaml"\n')
     with pytest.raises(ProfileError, match=f"{path}.*prompt.grid_format must be one of rows, json"):
         load_profile(path)
+
+
+@pytest.mark.parametrize("profile", ("dense-27b-4xL4",) + MOE)
+def test_the_program_cue_is_the_studys(profile):
+    """The cue after the grid asks for "The transformation above, written as a self-contained Python function" and
+    opens a code block with `def transform(grid):` (study ~2341-2343); the answer grammar forces it verbatim."""
+    from submission.answer import answer_grammar
+
+    cue = load_profile(profile).engine.program_cue
+    words = "The transformation above, written as a self-contained Python function"
+    assert cue.strip().startswith(words) and cue.endswith("```python\ndef transform(grid):")
+    assert words in answer_grammar(cue, 6000)
