@@ -227,3 +227,12 @@ def test_the_rehearsal_scales_only_the_schedule_and_is_the_run_at_12_hours(name)
     assert not set(changed) & {"schedule.rate_tok_s", "schedule.max_in_flight", "schedule.second_by_confidence",
                                "run.devices", "run.max_len", "run.max_failures", "run.answer_room"}
     assert all(isinstance(a, (int, float, list)) for a, _ in changed.values())
+
+
+def test_the_grid_runs_deadline_is_a_declared_departure():
+    """The 33.06 run's global deadline was 12 hours plus 10 minutes (study ~1692-1695), a stop 600 s after the
+    limit; the kit's grid profile stops 7 minutes before it, and says so as a departure, not as the study's value."""
+    table = load_table(TABLES / "grid-4b-4xL4.toml")
+    row = next(r for r in table.rows if r.setting == "run.hard_stop_margin_s")
+    assert (row.study, row.seed) == (-600.0, (1692, 1695)) and row.departure
+    assert effective(table)[0]["run.hard_stop_margin_s"] == 420.0
