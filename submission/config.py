@@ -38,7 +38,8 @@ class EngineConfig:
     forced_close: str = FORCED_CLOSE  # said at the thinking cap before </think>
     # The study's words (seed ~2341-2343: the cue "asks for “The transformation above, written as a self-contained
     # Python function” and opens a code block with def transform(grid):"); the colon and line breaks are the kit's.
-    program_cue: str = "\n\nThe transformation above, written as a self-contained Python function:\n```python\ndef transform(grid):"
+    program_cue: str = ("\n\nThe transformation above, written as a self-contained Python function:\n```python\n"
+                        "def transform(grid):")
     max_num_seqs: int = 8  # requests decoded together (vLLM) / batch size (hf)
     max_model_len: int = 0  # 0: the model's own maximum (vLLM's default)
     tensor_parallel_size: int = 1

@@ -16,8 +16,8 @@ Levels, lowest popped first:
   any second (Algorithm 5, the dense run).
 - L2: repair turns (caps `repair_caps`, one after another), only if no program of the task is train-perfect and a
   plain-view program (`PLAIN_VIEW`: attempt 1's or a repair turn's, not the reordered attempts') reproduces at least
-  one demonstration (Algorithm 5 L2, seed ~2491; the MoE runs, ~4493-4495); started only `repair_min_left_s` before the hard stop. `repair_after` says
-  when the first turn is queued: "first", when attempt 1 finishes (the MoE runs, study appendix A), or "both", once
+  one demonstration (Algorithm 5 L2, seed ~2491; the MoE runs, ~4493-4495); started only `repair_min_left_s` before
+  the hard stop. `repair_after` says when the first turn is queued: "first", when attempt 1 finishes (the MoE runs, study appendix A), or "both", once
   both attempts are in (Algorithm 5). A later turn is queued when the previous one finishes, under the same rule.
 - L3: one extra attempt once both attempts are in, only if no program is train-perfect and the two grids differ;
   started only `extra_min_left_s` before the hard stop.

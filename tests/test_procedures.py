@@ -260,8 +260,8 @@ def test_moe_direct_uses_the_engines_default_draft_acceptance():
     assert args["speculative_config"]["draft_sample_method"] == "probabilistic"
 
 
-@pytest.mark.parametrize("profile, sharded, local_argmax", [("dense-27b-4xL4", True, True),
-                                                           ("moe-4xL4", False, False), ("moe-4xL4-direct", False, False)])
+@pytest.mark.parametrize("profile, sharded, local_argmax", [
+    ("dense-27b-4xL4", True, True), ("moe-4xL4", False, False), ("moe-4xL4-direct", False, False)])
 def test_the_dense_run_sets_its_two_decode_speed_ups(profile, sharded, local_argmax):
     """The 44.03 run added batch-sharded sampling and local-argmax draft reduction (study ~2296-2298); the engine
     hands them to vLLM 0.33 as enable_batch_sharded_sampling and speculative_config.use_local_argmax_reduction (names
