@@ -86,13 +86,13 @@ def test_every_cited_line_is_in_study_md():
 def test_a_row_citing_an_unrelated_line_fails(tmp_path):
     """max_num_seqs cites the MoE run's 64 sequences (4481-4482). Pointed at the sandbox's line (2498), its quote is not
     there; quoting that line's words instead, 64 cannot be read from them."""
-    row = 'max_num_seqs = { study = 64, seed = [4481, 4482], quote = "server limit of 64 sequences and" }'
+    row = 'max_num_seqs = { study = 64, seed = [4481, 4482], quote = "a server limit of 64 sequences" }'
     moved = edited(tmp_path, "moe-4xL4", row, row.replace("[4481, 4482]", "[2498]"))
     assert missing_lines(moved, STUDY.read_text()) == [
-        "moe-4xL4.toml: engine.max_num_seqs: the quote 'server limit of 64 sequences and' is not in STUDY.md lines "
+        "moe-4xL4.toml: engine.max_num_seqs: the quote 'a server limit of 64 sequences' is not in STUDY.md lines "
         "[2498]"]
     requoted = edited(tmp_path, "moe-4xL4", row, row.replace("[4481, 4482]", "[2498]").replace(
-        "server limit of 64 sequences and", "(10 s CPU, 1 GiB)"))
+        "a server limit of 64 sequences", "(10 s CPU, 1 GiB)"))
     assert missing_lines(requoted, STUDY.read_text()) == [
         "moe-4xL4.toml: engine.max_num_seqs: the study value 64 cannot be read from the quote '(10 s CPU, 1 GiB)': "
         "quote the words that give it, or say how they do (reading)"]
@@ -106,13 +106,13 @@ def test_the_same_wrong_value_in_a_profile_and_its_table_fails(tmp_path):
                    profile=profile_copy(tmp_path, "moe-4xL4", "max_num_seqs = 64", "max_num_seqs = 48"))
     assert check(table) == []
     assert missing_lines(table, STUDY.read_text()) == [
-        "moe-4xL4.toml: engine.max_num_seqs: the study value 48 cannot be read from the quote 'server limit of 64 "
-        "sequences and': quote the words that give it, or say how they do (reading)"]
+        "moe-4xL4.toml: engine.max_num_seqs: the study value 48 cannot be read from the quote 'a server limit of 64 "
+        "sequences': quote the words that give it, or say how they do (reading)"]
 
 
 @pytest.mark.skipif(not STUDY.exists(), reason="../shared/design/STUDY.md is not beside this checkout")
 def test_a_cited_row_needs_a_quote_and_a_quote_needs_its_lines(tmp_path):
-    row = 'max_num_seqs = { study = 64, seed = [4481, 4482], quote = "server limit of 64 sequences and" }'
+    row = 'max_num_seqs = { study = 64, seed = [4481, 4482], quote = "a server limit of 64 sequences" }'
     bare = edited(tmp_path, "moe-4xL4", row, 'max_num_seqs = { study = 64, seed = [4481, 4482] }')
     assert missing_lines(bare, STUDY.read_text()) == [
         "moe-4xL4.toml: engine.max_num_seqs: cites STUDY.md [4481, 4482] without the study's words (quote)"]
@@ -208,8 +208,8 @@ def test_a_departure_on_a_matching_row_is_stale(tmp_path):
 
 
 def test_a_removed_or_added_row_fails(tmp_path):
-    removed = edited(tmp_path, "moe-4xL4", 'max_num_seqs = { study = 64, seed = [4481, 4482], quote = "server limit of '
-                                           '64 sequences and" }\n', "")
+    removed = edited(tmp_path, "moe-4xL4", 'max_num_seqs = { study = 64, seed = [4481, 4482], quote = "a server limit of '
+                                           '64 sequences" }\n', "")
     assert check(removed) == ["moe-4xL4.toml: engine.max_num_seqs: a setting without a row (the run has 64)"]
     added = edited(tmp_path, "moe-4xL4", "[sandbox]\n", '[sandbox]\nnice = { study = 5, seed = [2498] }\n')
     assert check(added) == ["moe-4xL4.toml: sandbox.nice: names no setting of the run"]
