@@ -112,7 +112,7 @@ class Attempts:
         config, reserve = self.profile.tool_agent, self.profile.engine.answer_max_tokens
         task = self.tasks[request.task_id]
         single = len(task.test_inputs) == 1
-        cap, used, checks, final, turns = min(request.cap, first_cap(config, single, reserve)), 0, 0, False, []
+        cap, used, checks, final, turns = min(request.cap, first_cap(config, single)), 0, 0, False, []
         tool_tokens = 0
         while True:
             turn = await self._turn(request, view, prompt, cap, turn_reply(len(turns), final))
@@ -134,14 +134,15 @@ class Attempts:
             tool_tokens += len(tool_ids)
             prompt = continued(prompt, turn.completion.token_ids, tool_ids)
             # The deadline-aware cap and the context cut what the attempt may still spend (SPEC 5: the cap formula
-            # cuts the agent's budget); when not even one thinking token of a final turn fits, the attempt ends.
+            # cuts the agent's budget); when they leave not one thinking token for a request, the attempt ends. A
+            # spent budget does not end it: the final turn then closes at once (cap 0) and answers.
             context = self.profile.engine.max_model_len
             limit = self.profile.schedule.cap(config.budget_single + config.budget_multi, self.clock())
             if context:
                 limit = min(limit, context - len(prompt) - reserve)
-            cap, final = next_turn(config, checks, used, single, reserve, limit, verified)
-            if cap < 1:
+            if limit < 1:
                 break
+            cap, final = next_turn(config, checks, used, single, limit, verified)
         return turns, tool_tokens
 
     async def run(self, request: Request) -> AttemptRecord:
