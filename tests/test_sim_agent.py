@@ -99,6 +99,22 @@ def test_the_simulator_scores_every_program_candidate_and_the_weak_pool():
     assert result.task_scores == {"a": 1.0, "b": 1.0, "c": 1.0}
 
 
+def test_the_simulator_transfers_programs_only_where_the_profile_does():
+    """A two-input task: input 0's train-perfect program is right on input 1 too, whose own grid is wrong. With
+    transfer (the MoE profiles) input 1 is solved; without (dense-27b-4xL4, the 44.03 run) it is not."""
+    right0, right1, wrong = ((5,),), ((6,),), ((7,),)
+    logged = [
+        AttemptRecord("t", 0, 1, Level.FIRST, 1, 96_000, natural=True, thinking_tokens=100, grid=right0,
+                      train_perfect=True, program_outputs=(right0, right1)),
+        AttemptRecord("t", 1, 1, Level.FIRST, 1, 96_000, natural=True, thinking_tokens=100, grid=wrong)]
+    truth = {("t", 0): right0, ("t", 1): right1}
+    config = ScheduleConfig(repair_caps=(), extra_min_left_s=10**6, cap_second=1)  # first attempts decide
+    inputs = [InputInfo("t", i, 100, 2) for i in range(2)]
+    scores = {transfer: simulate(config, inputs, AttemptPool(logged, truth).draw, LatencyEngine(lambda job: 1.0),
+                                 truth, 0, transfer).task_scores["t"] for transfer in (True, False)}
+    assert scores == {True: 1.0, False: 0.5}
+
+
 def test_the_previews_share_without_room_for_a_second_check(arc_data):
     """The shipped reserves are the medians sim.agent_turns measures on ARC-AGI-2 evaluation (the call, the tool
     response, the final answer). Replayed against 172 first turns of the example log (synthetic) in the preview's
