@@ -19,7 +19,7 @@ from submission.engines.base import Completion, Engine, GenerationRequest
 from submission.grids import Grid
 from submission.prompt import FIX, check_text, repair_text
 from submission.sandbox import CheckResult, Sandbox, Status
-from submission.schedule import Level, Request
+from submission.schedule import PLAIN_VIEW, Level, Request
 from submission.tasks import Task
 from submission.tool_agent import (LAST_CHECK, NO_CALL, finished, first_cap, instructions, next_turn,
                                    within_tokens)
@@ -67,7 +67,7 @@ class Turn:
 
 @dataclass
 class Attempts:
-    """Runs attempts: everything one request needs, and the best program of each input for repair turns."""
+    """Runs attempts: everything one request needs, and the best plain-view program of each input for repair turns."""
 
     profile: Profile
     tasks: dict[str, Task]
@@ -76,10 +76,14 @@ class Attempts:
     render: Renderer
     clock: Callable[[], float]  # seconds since the run started
     tool_turn: ToolTurn = estimated_ids
-    best: dict[tuple[str, int], tuple[int, str]] = field(default_factory=dict)  # demos right, program
+    best: dict[tuple[str, int], tuple[int, str]] = field(default_factory=dict)  # plain view: demos right, program
 
     def note_program(self, record: AttemptRecord) -> None:
+        """Keep the input's best plain-view program (PLAIN_VIEW: the one a repair turn is queued for, Algorithm 5 L2,
+        seed ~2491), the one with the most demonstrations right."""
         key = (record.task_id, record.test_index)
+        if record.level not in PLAIN_VIEW:
+            return
         if record.program and record.demos_right > self.best.get(key, (-1, ""))[0]:
             self.best[key] = (record.demos_right, record.program)
 
