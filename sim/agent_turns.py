@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
 import re
 import sys
@@ -122,7 +123,8 @@ KIT_BEFORE = dict(call_reserve=4_000, feedback_reserve=2_500, answer_reserve=4_0
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.agent_turns", description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", type=Path, default=ROOT.parent / "shared" / "arc-data" / "arc-agi-2" / "evaluation")
+    data = Path(os.environ.get("ARC_DATA", ROOT.parent / "shared" / "arc-data"))
+    parser.add_argument("--tasks", type=Path, default=data / "arc-agi-2" / "evaluation")
     parser.add_argument("--log", type=Path, default=ROOT / "sim" / "data" / "example_attempts.jsonl")
     args = parser.parse_args(argv)
     tasks = load_tasks(args.tasks).tasks
