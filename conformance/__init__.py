@@ -204,7 +204,7 @@ def _deciding_rule(recipe: Recipe, module: str) -> int | None:
     return next((i for i, rule in enumerate(recipe.rules) if rule.applies(module)), None)
 
 
-def missing_lines(table: Table, study_text: str) -> list[str]:
+def citation_problems(table: Table, study_text: str) -> list[str]:
     """Cited seed lines that STUDY.md's excerpts do not contain, and quotes that are not in the lines they cite or do
     not give the row's value (conformance.quotes)."""
     lines = quotes.study_lines(study_text)

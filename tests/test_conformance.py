@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance import (DOC, ROOT, STUDY, TABLES, TableError, effective, load_table, missing_lines,
-                         PROCEDURE_ROW, procedure_problems, problems, quotes, rehearsal_changes, render, tables)
+from conformance import (DOC, PROCEDURE_ROW, ROOT, STUDY, TABLES, TableError, citation_problems, effective, load_table,
+                         procedure_problems, problems, quotes, rehearsal_changes, render, tables)
 from submission.profiles import PROFILES
 
 
@@ -76,10 +76,10 @@ def test_a_combined_profile_runs_two_profiles_with_tables(path):
 
 @pytest.mark.skipif(not STUDY.exists(), reason="../shared/design/STUDY.md is not beside this checkout")
 def test_every_cited_line_is_in_study_md():
-    assert [m for t in tables() for m in missing_lines(t, STUDY.read_text())] == []
+    assert [m for t in tables() for m in citation_problems(t, STUDY.read_text())] == []
     table = dataclasses.replace(load_table(TABLES / "moe-4xL4.toml"))
     bogus = dataclasses.replace(table, rows=(dataclasses.replace(table.rows[0], seed=(4470,)),))
-    assert missing_lines(bogus, STUDY.read_text()) == ["moe-4xL4.toml: engine.kind: seed line 4470 is not in STUDY.md"]
+    assert citation_problems(bogus, STUDY.read_text()) == ["moe-4xL4.toml: engine.kind: seed line 4470 is not in STUDY.md"]
 
 
 @pytest.mark.skipif(not STUDY.exists(), reason="../shared/design/STUDY.md is not beside this checkout")
@@ -88,12 +88,12 @@ def test_a_row_citing_an_unrelated_line_fails(tmp_path):
     there; quoting that line's words instead, 64 cannot be read from them."""
     row = 'max_num_seqs = { study = 64, seed = [4481, 4482], quote = "a server limit of 64 sequences" }'
     moved = edited(tmp_path, "moe-4xL4", row, row.replace("[4481, 4482]", "[2498]"))
-    assert missing_lines(moved, STUDY.read_text()) == [
+    assert citation_problems(moved, STUDY.read_text()) == [
         "moe-4xL4.toml: engine.max_num_seqs: the quote 'a server limit of 64 sequences' is not in STUDY.md lines "
         "[2498]"]
     requoted = edited(tmp_path, "moe-4xL4", row, row.replace("[4481, 4482]", "[2498]").replace(
         "a server limit of 64 sequences", "(10 s CPU, 1 GiB)"))
-    assert missing_lines(requoted, STUDY.read_text()) == [
+    assert citation_problems(requoted, STUDY.read_text()) == [
         "moe-4xL4.toml: engine.max_num_seqs: the study value 64 cannot be read from the quote '(10 s CPU, 1 GiB)': "
         "quote the words that give it, or say how they do (reading)"]
 
@@ -105,7 +105,7 @@ def test_the_same_wrong_value_in_a_profile_and_its_table_fails(tmp_path):
     table = edited(tmp_path, "moe-4xL4", "max_num_seqs = { study = 64,", "max_num_seqs = { study = 48,",
                    profile=profile_copy(tmp_path, "moe-4xL4", "max_num_seqs = 64", "max_num_seqs = 48"))
     assert check(table) == []
-    assert missing_lines(table, STUDY.read_text()) == [
+    assert citation_problems(table, STUDY.read_text()) == [
         "moe-4xL4.toml: engine.max_num_seqs: the study value 48 cannot be read from the quote 'a server limit of 64 "
         "sequences': quote the words that give it, or say how they do (reading)"]
 
@@ -114,10 +114,10 @@ def test_the_same_wrong_value_in_a_profile_and_its_table_fails(tmp_path):
 def test_a_cited_row_needs_a_quote_and_a_quote_needs_its_lines(tmp_path):
     row = 'max_num_seqs = { study = 64, seed = [4481, 4482], quote = "a server limit of 64 sequences" }'
     bare = edited(tmp_path, "moe-4xL4", row, 'max_num_seqs = { study = 64, seed = [4481, 4482] }')
-    assert missing_lines(bare, STUDY.read_text()) == [
+    assert citation_problems(bare, STUDY.read_text()) == [
         "moe-4xL4.toml: engine.max_num_seqs: cites STUDY.md [4481, 4482] without the study's words (quote)"]
     unsourced = edited(tmp_path, "moe-4xL4", row, 'max_num_seqs = { study = 64, spec = "5", quote = "64 sequences" }')
-    assert missing_lines(unsourced, STUDY.read_text()) == [
+    assert citation_problems(unsourced, STUDY.read_text()) == [
         "moe-4xL4.toml: engine.max_num_seqs: a quote without the lines it is from (seed)"]
 
 
