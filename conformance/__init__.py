@@ -9,7 +9,9 @@ Each `[section]` lists every setting of that section as `key = { ... }`, one of:
   { study = VALUE, seed = [LINE, ...] }                  the study's value, and the STUDY.md lines that state it
   { study = VALUE, seed = [...], departure = "why" }     the study's value, which the run does not use (and why)
   { unstated = "why the kit's value", kit = VALUE }      the study gives no value: the kit's is recorded, and checked
-(`spec = "N"` cites a SPEC section where STUDY.md's excerpts are silent; `note` adds a remark.) Two reserved tables:
+(`spec = "N"` cites a SPEC section where STUDY.md's excerpts are silent; `note` adds a remark.) A row that cites seed
+lines carries `quote`, the study's own words from them, from which its value must be readable (`reading` says how,
+where it cannot be read as a number or a word: conformance.quotes). Two reserved tables:
 `[recipe]`, one row per module group of the profile's build.recipe (`module` names one of its modules; the value is
 the scheme the recipe gives it), and `[feature]`, the study engine's features beyond a setting of the kit (`nearest`
 names stock vLLM 0.33's closest setting; `kit_setting` the kit's setting that carries it, if any).
@@ -28,9 +30,10 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from build.quantize import Recipe, load_recipe
+from conformance import quotes
 from submission import strict_toml
 from submission.profiles import load
 
@@ -38,7 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TABLES = ROOT / "docs" / "conformance"
 DOC = ROOT / "docs" / "conformance.md"
 STUDY = ROOT.parent / "shared" / "design" / "STUDY.md"  # the study's passages, beside the checkout (../shared)
-ROW_KEYS = {"study", "unstated", "kit", "seed", "spec", "departure", "note", "module", "nearest", "kit_setting"}
+ROW_KEYS = {"study", "unstated", "kit", "seed", "spec", "departure", "note", "module", "nearest", "kit_setting",
+            "quote", "reading"}
 
 
 class TableError(strict_toml.TomlError):
@@ -58,6 +62,8 @@ class Row:
     module: str = ""  # recipe rows
     nearest: str = ""  # feature rows: stock vLLM's (or the library's) closest setting
     kit_setting: str = ""  # feature rows: the kit's setting that carries the feature, if any
+    quote: str = ""  # the study's words from the cited lines that give the value (conformance.quotes)
+    reading: str = ""  # how the quote gives a value that cannot be read from it as a number or a word
 
 
 @dataclass(frozen=True)
@@ -198,11 +204,36 @@ def _deciding_rule(recipe: Recipe, module: str) -> int | None:
     return next((i for i, rule in enumerate(recipe.rules) if rule.applies(module)), None)
 
 
-def missing_lines(table: Table, study_text: str) -> list[str]:
-    """Cited seed lines that STUDY.md's excerpts do not contain."""
-    present = {int(m) for m in re.findall(r"^ ?(\d{4})  ", study_text, re.MULTILINE)}
-    return [f"{table.path.name}: {row.setting}: seed line {n} is not in STUDY.md"
-            for row in (*table.rows, *table.recipe, *table.features) for n in row.seed if n not in present]
+def citation_problems(table: Table, study_text: str) -> list[str]:
+    """Cited seed lines that STUDY.md's excerpts do not contain, and quotes that are not in the lines they cite or do
+    not give the row's value (conformance.quotes)."""
+    lines = quotes.study_lines(study_text)
+    rows = (*table.rows, *table.recipe, *table.features)
+    missing = [f"{table.path.name}: {row.setting}: seed line {n} is not in STUDY.md"
+               for row in rows for n in row.seed if n not in lines]
+    return missing + [p for row in rows if not any(n not in lines for n in row.seed)
+                      for p in quotes.problems(table.path.name, row, lines)]
+
+
+PROCEDURE_ROW = re.compile(r"^\| (?!procedure \|)(?!---)(.+)$", re.MULTILINE)
+
+
+def procedure_problems(text: str, read: Callable[[str], str]) -> list[str]:
+    """docs/conformance/procedures.md's rows (behaviour that is code, not a profile value): each must name at least
+    one test as `tests/FILE.py::NAME` (or `::NAME`, the file before it) in its last cell, and each named test must be
+    defined in its file (`read(path)` gives the file's text)."""
+    out = []
+    for row in PROCEDURE_ROW.findall(text):
+        cells = [c.strip() for c in row.rstrip(" |").split(" | ")]
+        named, file = [], ""
+        for path, name in re.findall(r"`(tests/\w+\.py)?::(\w+)`", cells[-1]):
+            file = path or file
+            named.append((file, name))
+        if not named:
+            out.append(f"procedures.md: {cells[0]!r}: names no test (tests/FILE.py::NAME)")
+        out += [f"procedures.md: {cells[0]!r}: {f}::{n} is not defined" for f, n in named
+                if f"def {n}(" not in read(f)]
+    return out
 
 
 def rehearsal_changes(table: Table, time_limit_s: float) -> dict[str, tuple[Any, Any]]:
@@ -222,11 +253,13 @@ Generated by `python -m conformance` (`make conformance`) from the tables in `do
 by hand. Each table is one scored configuration of the study (`../shared/design/STUDY.md` quotes its passages, by
 their line numbers in the study, cited below as "STUDY.md"; SPEC sections where STUDY.md's excerpts are silent). A
 row is one setting of the profile's dataclasses (`submission/config.py`, `submission/grid/config.py`,
-`training/rft.py`), every one of them, defaults included: the study's value, the lines that state it, the value the
-scored run has, and the verdict: *match*; *departure* (the run differs, for the reason given); *unstated* (the study
-gives no value: the kit's is recorded and checked). `tests/test_conformance.py` recomputes every run's value and
-fails on a difference without a departure, a departure on a row that matches, a setting without a row, a row without
-a setting, a cited line that STUDY.md lacks, or this file out of date.
+`training/rft.py`), every one of them, defaults included: the study's value, the lines that state it and the study's
+own words from them (“quoted”), the value the scored run has, and the verdict: *match*; *departure* (the run differs,
+for the reason given); *unstated* (the study gives no value: the kit's is recorded and checked); where the value is
+not a number or word of the quote, the why column says how the quote gives it. `tests/test_conformance.py`
+recomputes every run's value and fails on a difference without a departure, a departure on a row that matches, a
+setting without a row, a row without a setting, a cited line that STUDY.md lacks, a quote that is not in its lines or
+does not give the row's value, or this file out of date.
 
 The value checked is the 12-hour run's: boot passes `--deadline` (the time left) and never `--scale-schedule` to a
 scored run. The commit run's rehearsal (`--scale-schedule`) is a miniature of it: the rows it scales are listed under
@@ -243,11 +276,13 @@ def _cell(value: Any) -> str:
 
 
 def _source(row: Row) -> str:
-    return ", ".join([str(n) for n in row.seed] + ([f"SPEC {row.spec}"] if row.spec else []))
+    cited = ", ".join([str(n) for n in row.seed] + ([f"SPEC {row.spec}"] if row.spec else []))
+    return cited + (f": “{row.quote}”".replace("|", "\\|") if row.quote else "")
 
 
 def _why(row: Row) -> str:
-    return "; ".join(t for t in (row.departure or row.unstated, row.note) if t).replace("|", "\\|")
+    return "; ".join(t for t in (row.departure or row.unstated, row.note, row.reading and f"read: {row.reading}")
+                     if t).replace("|", "\\|")
 
 
 def _verdict_word(row: Row, value: Any) -> str:

@@ -1,7 +1,8 @@
 """Write docs/conformance.md from the tables, or check them (see conformance/__init__.py).
 
     python -m conformance            # rewrite docs/conformance.md
-    python -m conformance --check    # exit 1 with the problems if a table disagrees with its run or the file is stale
+    python -m conformance --check    # exit 1 with the problems if a table disagrees with its run or the study's
+                                     # words, a procedure names no test, or the file is stale
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from conformance import DOC, STUDY, TableError, effective, missing_lines, problems, render, tables
+from conformance import (DOC, ROOT, STUDY, TABLES, TableError, citation_problems, effective, problems,
+                         procedure_problems, render, tables)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
             found += problems(table, *effective(table))
         except TableError as err:
             found.append(str(err))
-        found += missing_lines(table, STUDY.read_text()) if STUDY.exists() else []
+        found += citation_problems(table, STUDY.read_text()) if STUDY.exists() else []
+    found += procedure_problems((TABLES / "procedures.md").read_text(), lambda path: (ROOT / path).read_text())
     print("\n".join(found) or "conformance: every table agrees with its run", file=sys.stderr)
     return 1 if found else 0
 

@@ -102,7 +102,7 @@ def cmd_forecast(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         result = forecast(resolved.schedule, inputs, truth, pool, resolved.serving, runs=variant.runs,
                           seed=variant.seed, throughput_noise=variant.throughput_noise,
-                          bootstraps=variant.bootstraps, workers=args.workers)
+                          bootstraps=variant.bootstraps, workers=args.workers, transfer=resolved.transfer)
         elapsed = time.perf_counter() - started
         numbers = summary(result, truth)
         rows.append((name, result, numbers))
@@ -110,11 +110,11 @@ def cmd_forecast(args: argparse.Namespace) -> int:
             continue
         sens = sensitivity(resolved.schedule, inputs, truth, pool, resolved.serving, pairs=variant.sensitivity_pairs,
                            seed=variant.seed, step=variant.sensitivity_step,
-                           workers=args.workers) if variant.sensitivity else None
+                           workers=args.workers, transfer=resolved.transfer) if variant.sensitivity else None
         report = text_report(name, result, truth, sens)
         index = result.median_run()
         run, engine = one_run(resolved.schedule, inputs, truth, pool, resolved.serving, result.seeds[index],
-                              result.factors[index])
+                              result.factors[index], transfer=resolved.transfer)
         timeline = timeline_png(run, engine.timeline, engine.preempted, engine.model.blocks, out / "timeline.png",
                                 f"{name}: the median-score run of {variant.runs} (seed {result.seeds[index]})")
         spread = distribution_png(numbers, out / "distribution.png", f"{name}: {variant.runs} simulated runs")
@@ -128,7 +128,7 @@ def cmd_forecast(args: argparse.Namespace) -> int:
             fifo = forecast(replace(resolved.schedule, second_by_confidence=False), inputs, truth, pool,
                             resolved.serving, runs=variant.runs, seed=variant.seed,
                             throughput_noise=variant.throughput_noise, bootstraps=variant.bootstraps,
-                            workers=args.workers)
+                            workers=args.workers, transfer=resolved.transfer)
             rows.append((f"{name} FIFO 2nd", fifo, summary(fifo, truth)))
     if len(rows) > 1:
         table = sweep_table(rows)
@@ -170,7 +170,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         runs.append((f"the measured trace of {args.trace}", trace_from_windows(read_windows(args.trace),
                                                                                 str(args.trace))))
     for name, trace in runs:
-        result = backtest(records, inputs, truth, profile.schedule, serving, trace)
+        result = backtest(records, inputs, truth, profile.schedule, serving, trace, profile.selection.transfer)
         print(f"backtest of {args.log} on {name}: {result.matched} attempts matched")
         print(f"  start error  {result.start_error_s:8.1f} s (mean absolute)")
         print(f"  finish error {result.finish_error_s:8.1f} s")

@@ -35,10 +35,10 @@ class Backtest:
 
 
 def backtest(records: list[AttemptRecord], inputs: list[InputInfo], truth: dict, config: ScheduleConfig,
-             serving: ServingModel, trace: Trace | None = None) -> Backtest:
+             serving: ServingModel, trace: Trace | None = None, transfer: bool = True) -> Backtest:
     """`trace`: the run's measured step times in place of the serving model's step model (its cache model stays)."""
     pool = AttemptPool(records, truth)
-    result = simulate(config, inputs, pool.draw, SharedEngine(serving, trace=trace), truth, random.Random(0))
+    result = simulate(config, inputs, pool.draw, SharedEngine(serving, trace=trace), truth, random.Random(0), transfer)
     logged = {(r.task_id, r.test_index, r.attempt): r for r in records}
     starts, finishes = [], []
     for request, _, submitted, finished in result.finished:
@@ -47,7 +47,7 @@ def backtest(records: list[AttemptRecord], inputs: list[InputInfo], truth: dict,
             # the solver submits nothing before its engine is up; the simulator queues from 0 and starts at startup_s
             starts.append(abs(max(submitted, serving.startup_s) - record.started_s))
             finishes.append(abs(finished - record.finished_s))
-    candidates = Candidates()
+    candidates = Candidates(transfer=transfer)
     for r in records:
         candidates.add_record(r)
     tasks: dict[str, list[bool]] = {}

@@ -96,9 +96,10 @@ def build_inputs(tasks: list[Task], prompt_tokens: dict[tuple[str, int], int], h
 
 
 def one_run(config: ScheduleConfig, inputs: list[InputInfo], truth: dict, pool: AttemptPool, serving: ServingModel,
-            seed: int, throughput: float = 1.0, kv: float = 1.0) -> tuple[SimResult, SharedEngine]:
+            seed: int, throughput: float = 1.0, kv: float = 1.0, *, transfer: bool = True
+            ) -> tuple[SimResult, SharedEngine]:
     engine = SharedEngine(serving.scaled(throughput, kv))
-    result = simulate(config, inputs, pool.draw, engine, truth, seed)
+    result = simulate(config, inputs, pool.draw, engine, truth, seed, transfer)
     return result, engine
 
 
@@ -120,12 +121,13 @@ def _logged(index: int) -> SimAttempt:
 
 def _result(run: tuple[int, float, float]) -> bytes:
     out = io.BytesIO()
-    _ResultPickler(out, pickle.HIGHEST_PROTOCOL).dump(one_run(*_WORLD, *run)[0])
+    _ResultPickler(out, pickle.HIGHEST_PROTOCOL).dump(one_run(*_WORLD[:5], *run, transfer=_WORLD[5])[0])
     return out.getvalue()
 
 
 def run_many(config: ScheduleConfig, inputs: list[InputInfo], truth: dict, pool: AttemptPool,
-             serving: ServingModel, runs: list[tuple[int, float, float]], workers: int = 1) -> list[SimResult]:
+             serving: ServingModel, runs: list[tuple[int, float, float]], workers: int = 1,
+             transfer: bool = True) -> list[SimResult]:
     """one_run for each (seed, throughput, kv), in order, on up to `workers` forked processes.
 
     Python's cycle collector is off meanwhile (in the workers too): a run makes no reference cycles (tests/
@@ -137,8 +139,8 @@ def run_many(config: ScheduleConfig, inputs: list[InputInfo], truth: dict, pool:
     gc.disable()
     try:
         if workers <= 1:
-            return [one_run(config, inputs, truth, pool, serving, *run)[0] for run in runs]
-        _WORLD = (config, inputs, truth, pool, serving)
+            return [one_run(config, inputs, truth, pool, serving, *run, transfer=transfer)[0] for run in runs]
+        _WORLD = (config, inputs, truth, pool, serving, transfer)
         _LOGGED = {id(attempt): index for index, attempt in enumerate(pool.logged)}
         with multiprocessing.get_context("fork").Pool(workers) as processes:  # unpickled as they come, in order
             return [pickle.loads(sent) for sent in processes.imap(_result, runs, max(1, len(runs) // (8 * workers)))]
@@ -150,13 +152,13 @@ def run_many(config: ScheduleConfig, inputs: list[InputInfo], truth: dict, pool:
 
 def forecast(config: ScheduleConfig, inputs: list[InputInfo], truth: dict, pool: AttemptPool,
              serving: ServingModel, runs: int = 50, seed: int = 0, throughput_noise: float = 0.0,
-             bootstraps: int = 1000, workers: int = 1) -> Forecast:
+             bootstraps: int = 1000, workers: int = 1, transfer: bool = True) -> Forecast:
     if runs < 1:
         raise ValueError("runs: at least one simulated run is needed")
     noise = random.Random(seed)
     factors = [math.exp(noise.gauss(0.0, throughput_noise)) if throughput_noise else 1.0 for _ in range(runs)]
     results = run_many(config, inputs, truth, pool, serving,
-                       [(seed + run, factors[run], 1.0) for run in range(runs)], workers)
+                       [(seed + run, factors[run], 1.0) for run in range(runs)], workers, transfer)
     scores = [r.score for r in results]
     per_task = {t: statistics.fmean(r.task_scores[t] for r in results) for t in results[0].task_scores}
     values = list(per_task.values())
@@ -181,13 +183,13 @@ class Sensitivity:
 
 def sensitivity(config: ScheduleConfig, inputs: list[InputInfo], truth: dict, pool: AttemptPool,
                 serving: ServingModel, pairs: int = 20, seed: int = 0, step: float = 0.05,
-                workers: int = 1) -> list[Sensitivity]:
+                workers: int = 1, transfer: bool = True) -> list[Sensitivity]:
     """Points of score per percent more throughput and per percent more KV cache (paired, common random numbers)."""
     if pairs < 2 or step <= 0:
         raise ValueError("sensitivity: at least 2 pairs and a positive step are needed")
     scales = ((1.0, 1.0), (1 + step, 1.0), (1.0, 1 + step))  # base, throughput, cache
     results = run_many(config, inputs, truth, pool, serving,
-                       [(seed + run, t, kv) for t, kv in scales for run in range(pairs)], workers)
+                       [(seed + run, t, kv) for t, kv in scales for run in range(pairs)], workers, transfer)
     base = [r.score for r in results[:pairs]]
     out = []
     for index, name in ((1, "throughput"), (2, "kv_cache")):

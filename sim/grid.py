@@ -126,6 +126,7 @@ class Split:
     records: tuple[AttemptRecord, ...]
     serving: ServingModel
     share: float  # of the GPUs the reasoning line gets in the split
+    transfer: bool = True  # the reasoning profile's selection.transfer
 
 
 @dataclass(frozen=True)
@@ -154,9 +155,10 @@ def reasoning_run(split: Split, drawn: dict[str, LoggedTask], tasks: dict[str, T
     def draw(request, rng):
         return pool.draw(replace(request, task_id=origin[request.task_id]), rng)
 
-    result = simulate(split.schedule, inputs, draw, SharedEngine(split.serving.scaled(share, share)), truth, seed)
+    result = simulate(split.schedule, inputs, draw, SharedEngine(split.serving.scaled(share, share)), truth, seed,
+                      split.transfer)
     counts = {i.task_id: i.task_inputs for i in inputs}
-    out = Candidates()
+    out = Candidates(transfer=split.transfer)
     for request, attempt, _, _ in result.finished:
         out.add(request.task_id, request.test_index, request.attempt, attempt.grid,
                 tuple(p[:counts[request.task_id]] for p in attempt.program_candidates), attempt.weak_outputs)
@@ -262,7 +264,7 @@ def print_comparison(args: argparse.Namespace, grid_all: GridProfile, tasks: dic
     # with the line's chunked-prefill budget and draft tokens, as a forecast has them
     serving = for_profile(load_serving(args.serving or SERVING_MODELS / f"{Path(both.reasoning.profile).stem}.toml"),
                           reasoning)
-    split = Split(reasoning.schedule, records, serving, share)
+    split = Split(reasoning.schedule, records, serving, share, reasoning.selection.transfer)
     runs = [compare(logged, grid_records, tasks, grid_all, grid_split, split, args.hidden_tasks, rng)
             for _ in range(args.runs)]
     print(f"{len(joint)} tasks in both logs; {args.runs} runs of {args.hidden_tasks} tasks; the split "

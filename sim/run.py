@@ -132,15 +132,16 @@ def slot_rng(seed: int, request: Request) -> SlotStream:
 
 
 def simulate(config: ScheduleConfig, inputs: list[InputInfo], draw: Callable[[Request, SlotStream], SimAttempt],
-             engine: SimEngine, truth: dict[tuple[str, int], object], seed: int | random.Random) -> SimResult:
+             engine: SimEngine, truth: dict[tuple[str, int], object], seed: int | random.Random,
+             transfer: bool = True) -> SimResult:
     """Run the schedule until nothing is left or the hard stop; score the selected answers against `truth`.
-    `seed` is the run seed (a random.Random gives one)."""
+    `seed` is the run seed (a random.Random gives one); `transfer`: the profile's selection.transfer."""
     if isinstance(seed, random.Random):
         seed = seed.getrandbits(32)
     scheduler = Scheduler(config, inputs)
     task_inputs = {i.task_id: i.task_inputs for i in inputs}
     prompts = {i.key: i.prompt_tokens for i in inputs}
-    candidates = Candidates()
+    candidates = Candidates(transfer=transfer)
     finished: list[tuple[Request, SimAttempt, float, float]] = []
     answered_curve: list[tuple[float, int]] = []
     started: list[tuple[float, Request]] = []

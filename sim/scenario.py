@@ -174,6 +174,7 @@ class Resolved:
     schedule: ScheduleConfig
     serving: ServingModel
     notes: tuple[str, ...]  # how the scenario changed the profile's schedule and the serving model
+    transfer: bool = True  # the profile's selection.transfer
 
 
 def for_profile(serving: ServingModel, profile) -> ServingModel:
@@ -213,7 +214,7 @@ def resolve(scenario: Scenario) -> Resolved:
                      f"every step time is divided by {factor:.3f} -> step_a {serving.step_a:.3g} s, step_b "
                      f"{serving.step_b:.3g} s, step_c {serving.step_c:.3g} s, prefill "
                      f"{serving.prefill_s_per_token:.3g} s/token")
-    return Resolved(schedule, serving, tuple(notes))
+    return Resolved(schedule, serving, tuple(notes), profile.selection.transfer)
 
 
 def describe(scenario: Scenario, resolved: Resolved, inputs: int) -> str:

@@ -41,7 +41,7 @@ from submission.answers import AnswerFile, render_submission
 from submission.attempts import read_log
 from submission.heartbeat import HeartbeatError, HeartbeatWriter, path_for_log, read
 from submission.merge import merge_logs
-from submission.profiles import MERGE_S, BothProfile, ProfileError, line_profiles, load_both_profile
+from submission.profiles import MERGE_S, BothProfile, ProfileError, line_profiles, load, load_both_profile
 from submission.tasks import LoadError, TaskSet
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,6 +119,7 @@ def run_lines(args: argparse.Namespace, both: BothProfile, tasks: TaskSet, limit
         cmd = line_command(module, pythons[name], args, folder, limit - MERGE_S - (time.monotonic() - started))
         lines[name] = (folder / "attempts.jsonl", subprocess.Popen(cmd, cwd=REPO, env=env))
     stopping: list[str] = []
+    transfer = load(root / "reasoning" / "line-profile.toml").selection.transfer  # the reasoning line's selection
 
     def on_sigterm(*_) -> None:
         stopping.append("SIGTERM")
@@ -135,7 +136,7 @@ def run_lines(args: argparse.Namespace, both: BothProfile, tasks: TaskSet, limit
             if grown != sizes:  # read after the poll: once both lines have exited, their logs are read whole
                 sizes = grown
                 merged = merge_logs(tasks.test_counts(), *(read_log(lines[n][0]) if n in grown else []
-                                                           for n in ("reasoning", "grid")))
+                                                           for n in ("reasoning", "grid")), transfer=transfer)
                 if any([answers.set(task_id, index, pair) for (task_id, index), pair in merged.items()]):
                     answers.write()
             if not running:

@@ -5,6 +5,7 @@
     [schedule] every number of SPEC section 5                                   (submission.schedule.ScheduleConfig)
     [sandbox]  program-check limits                                             (submission.sandbox.SandboxLimits)
     [tool_agent] first attempts that check their programs between turns     (submission.tool_agent.ToolAgentConfig)
+    [selection] which candidates an answer is chosen from                  (submission.selection.SelectionConfig)
     [build]    how make bundle builds this profile's dataset                    (BuildConfig)
 
 Every field is documented where it is defined; submission.profiles reads and writes the files (unknown sections and
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 
 from submission.sandbox import SandboxLimits
 from submission.schedule import ScheduleConfig
+from submission.selection import SelectionConfig
 from submission.tool_agent import ToolAgentConfig
 
 FORCED_CLOSE = "Considering the limited time by the user, I have to give the solution based on the thinking directly now."
@@ -34,7 +36,10 @@ class EngineConfig:
     answer_max_tokens: int = 4000  # grid + cue + program + end of turn, on top of the thinking cap
     program_max_chars: int = 6000  # the grammar closes the code block after this many characters of body
     forced_close: str = FORCED_CLOSE  # said at the thinking cap before </think>
-    program_cue: str = "\n\nThe transformation as a self-contained Python function:\n```python\ndef transform(grid):"
+    # The study's words (seed ~2341-2343: the cue "asks for “The transformation above, written as a self-contained
+    # Python function” and opens a code block with def transform(grid):"); the colon and line breaks are the kit's.
+    program_cue: str = ("\n\nThe transformation above, written as a self-contained Python function:\n```python\n"
+                        "def transform(grid):")
     max_num_seqs: int = 8  # requests decoded together (vLLM) / batch size (hf)
     max_model_len: int = 0  # 0: the model's own maximum (vLLM's default)
     tensor_parallel_size: int = 1
@@ -45,6 +50,17 @@ class EngineConfig:
     mtp_speculative_tokens: int = 0  # multi-token prediction draft length; 0 = off
     enforce_eager: bool = False  # vLLM: no torch.compile / CUDA graphs (the CPU build compiles for minutes)
     draft_sample_method: str = "greedy"  # vLLM's speculative draft_sample_method: "greedy" or "probabilistic"
+    # The dense 44.03 run's two decode speed-ups (study ~2296-2298). vLLM 0.33's parallel_config.
+    # enable_batch_sharded_sampling: each tensor-parallel rank samples a slice of the batch; vLLM drops it with a
+    # warning for a model without compute_logits_local (v1/worker/gpu/model_runner.py ~444-462: Qwen3.5 has it,
+    # qwen3_5.py ~432, Qwen3-Next not) and refuses it under tensor parallelism 1 or max_num_seqs below it
+    # (config/vllm.py ~3182-3220).
+    batch_sharded_sampling: bool = False
+    # speculative_config.use_local_argmax_reduction: greedy MTP drafts by a vocab-parallel local argmax instead of
+    # gathering the full logits; the draft head must have get_top_tokens (LocalArgmaxMixin: Qwen3_5MTP,
+    # qwen3_5_mtp.py ~216) and vLLM refuses it with probabilistic drafts (v1/worker/gpu/spec_decode/speculator.py
+    # ~415-421).
+    local_argmax_reduction: bool = False
     pp_layer_partition: str = ""  # layers per pipeline stage, e.g. "25,23" (vLLM's VLLM_PP_LAYER_PARTITION); "" = even
     disable_custom_all_reduce: bool = False  # vLLM's flag: NCCL's all-reduce instead of vLLM's custom kernel
     prefix_caching: str = "auto"  # "auto" = vLLM's default for the model, "on", "off"
@@ -65,6 +81,13 @@ class EngineConfig:
         if self.draft_sample_method not in ("greedy", "probabilistic"):
             raise ValueError(f"engine.draft_sample_method must be greedy or probabilistic, not "
                              f"{self.draft_sample_method!r}")
+        if self.local_argmax_reduction and (not self.mtp_speculative_tokens or self.draft_sample_method != "greedy"):
+            raise ValueError("engine.local_argmax_reduction applies to greedy MTP drafts only: it needs "
+                             "mtp_speculative_tokens > 0 and draft_sample_method = \"greedy\" (vLLM refuses it with "
+                             "probabilistic drafts)")
+        if self.batch_sharded_sampling and not 1 < self.tensor_parallel_size <= self.max_num_seqs:
+            raise ValueError("engine.batch_sharded_sampling shards the batch over tensor-parallel ranks: it needs "
+                             "tensor_parallel_size > 1 and max_num_seqs at least tensor_parallel_size")
 
 
 GRID_FORMATS = ("rows", "json")  # PromptConfig.grid_format
@@ -107,4 +130,5 @@ class Profile:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     sandbox: SandboxLimits = field(default_factory=SandboxLimits)
     tool_agent: ToolAgentConfig = field(default_factory=ToolAgentConfig)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
     build: BuildConfig = field(default_factory=BuildConfig)

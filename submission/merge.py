@@ -54,9 +54,10 @@ def grid_candidates(records: Sequence[AttemptRecord]) -> dict[tuple[str, int], l
 
 
 def merge_logs(test_counts: dict[str, int], reasoning: Sequence[AttemptRecord],
-               grid_line: Sequence[AttemptRecord]) -> dict[tuple[str, int], tuple[Grid, Grid]]:
-    """The merged answers of every test input either log has something for, from the two lines' logs."""
-    known = Candidates()
+               grid_line: Sequence[AttemptRecord], transfer: bool = True) -> dict[tuple[str, int], tuple[Grid, Grid]]:
+    """The merged answers of every test input either log has something for, from the two lines' logs; `transfer`:
+    the reasoning line's profile's (SelectionConfig)."""
+    known = Candidates(transfer=transfer)
     for record in reasoning:
         if record.task_id in test_counts:
             known.add_record(record)

@@ -88,7 +88,7 @@ class Run:
         self.make_engine = new_engine
         self.by_id = {t.id: t for t in tasks.tasks}
         self.answers = AnswerFile(args.out, tasks.test_counts())
-        self.candidates = Candidates()
+        self.candidates = Candidates(transfer=profile.selection.transfer)
         self.start = time.monotonic()
         self.stats: Counter = Counter()
         self.finished: list[AttemptRecord] = []

@@ -14,9 +14,10 @@ Levels, lowest popped first:
   ended naturally with a grid in fewer than `promote_below_thinking` thinking tokens, with no train-perfect program,
   gets its second attempt ahead of the unstarted first attempts; 0 turns it off, so every first attempt starts before
   any second (Algorithm 5, the dense run).
-- L2: repair turns (caps `repair_caps`, one after another), only if no program of the task is train-perfect and one
-  reproduces at least one demonstration; started only `repair_min_left_s` before the hard stop. `repair_after` says
-  when the first turn is queued: "first", when attempt 1 finishes (the MoE runs, study appendix A), or "both", once
+- L2: repair turns (caps `repair_caps`, one after another), only if no program of the task is train-perfect and a
+  plain-view program (`PLAIN_VIEW`: attempt 1's or a repair turn's, not the reordered attempts') reproduces at least
+  one demonstration (Algorithm 5 L2, seed ~2491; the MoE runs, ~4493-4495); started only `repair_min_left_s` before
+  the hard stop. `repair_after` says when the first turn is queued: "first", when attempt 1 finishes (the MoE runs, study appendix A), or "both", once
   both attempts are in (Algorithm 5). A later turn is queued when the previous one finishes, under the same rule.
 - L3: one extra attempt once both attempts are in, only if no program is train-perfect and the two grids differ;
   started only `extra_min_left_s` before the hard stop.
@@ -45,6 +46,9 @@ class Level(IntEnum):
     SECOND = 1
     REPAIR = 2
     EXTRA = 3
+
+
+PLAIN_VIEW = (Level.FIRST, Level.REPAIR)  # levels prompted on the task as given (submission.solve.view_for)
 
 
 @dataclass(frozen=True)
@@ -339,11 +343,11 @@ class Scheduler:
         return (int(Level.SECOND), 0) + order + (next(self._order),)
 
     def _queue_repair(self, state: _InputState, turn: int) -> None:
-        """Queue repair turn `turn` if there is one and no program of the task is train-perfect, but one of this
-        input's reproduces a demonstration."""
+        """Queue repair turn `turn` if there is one and no program of the task is train-perfect, but a plain-view
+        program of this input reproduces a demonstration."""
         if turn > len(self.config.repair_caps) or state.info.task_id in self.task_perfect:
             return
-        if max(o.demos_right for o in state.finished) >= 1:
+        if max((o.demos_right for o in state.finished if o.level in PLAIN_VIEW), default=0) >= 1:
             self._push((int(Level.REPAIR), 0, next(self._order)), state.info.key, Level.REPAIR, turn)
 
     def _queue_extra(self, state: _InputState) -> None:

@@ -6,7 +6,10 @@ programs that were train-perfect for one of the task's other test inputs (transf
 2. then grids that a train-perfect program of this input produced, by votes;
 3. then the remaining direct grids, by votes;
 4. transferred outputs, when this input has no train-perfect program of its own, take the place of its program
-   outputs (tier 2) and vote with its grids; when it has one, they rank after all its grids and do not vote;
+   outputs (tier 2) and vote with its grids; when it has one, they rank after all its grids and do not vote.
+   Transfer is a profile setting (`[selection] transfer`, SelectionConfig): it entered with the MoE 53.33 run (seed
+   ~3344-3346, runs table ~3510), so the dense 44.03 run's profile has it off and a program then counts only for
+   the test input it was written for;
 5. last, the weak pool: test outputs of the tool agent's programs that ran with a valid test output but are not
    program candidates (Algorithm 7 line 16, seed ~3466-3468). The study names the pool and what joins it, not how
    it is used; here its outputs do not vote and rank after every other candidate, in the order they came, so they
@@ -32,6 +35,13 @@ class Source(str, Enum):
     PROGRAM = "program"  # the test output of a train-perfect program of this test input
     TRANSFERRED = "transferred"  # the output of a program train-perfect on another test input of the task
     WEAK = "weak"  # the test output of a tool agent's program that ran but is not a program candidate (the weak pool)
+
+
+@dataclass(frozen=True)
+class SelectionConfig:
+    """The profile's `[selection]` section."""
+
+    transfer: bool = True  # a train-perfect program's outputs for the task's other test inputs are candidates there
 
 
 @dataclass(frozen=True)
@@ -90,21 +100,24 @@ def select(candidates: list[Candidate] | tuple[Candidate, ...]) -> tuple[Grid, G
 @dataclass
 class Candidates:
     """Candidates per test input from finished attempts; `answers(key)` applies SPEC section 4. Pure state, shared
-    by the solver and the simulator."""
+    by the solver and the simulator. `transfer` false (SelectionConfig): a program's outputs count only for the test
+    input whose attempt wrote it."""
 
     by_input: dict[tuple[str, int], list[Candidate]] = field(default_factory=dict)
+    transfer: bool = True
 
     def add(self, task_id: str, test_index: int, attempt: int, grid: Grid | None,
             programs: tuple[tuple[Grid | None, ...], ...], weak: tuple[Grid, ...] = ()) -> list[tuple[str, int]]:
         """Add an attempt's grid, the outputs of each of its program candidates (train-perfect programs, transferred
-        to the task's other test inputs) and its weak pool (submission.selection). Returns the inputs whose
-        candidates changed."""
+        to the task's other test inputs when `transfer`) and its weak pool (submission.selection). Returns the inputs
+        whose candidates changed."""
         key = (task_id, test_index)
         found = [(key, Candidate(grid, Source.GRID, attempt))] if grid is not None else []
         for outputs in programs:
             found += [((task_id, index), Candidate(output, Source.PROGRAM if index == test_index else
                                                    Source.TRANSFERRED, attempt))
-                      for index, output in enumerate(outputs) if output is not None]
+                      for index, output in enumerate(outputs)
+                      if output is not None and (self.transfer or index == test_index)]
         found += [(key, Candidate(output, Source.WEAK, attempt)) for output in weak]
         for where, candidate in found:
             self.by_input.setdefault(where, []).append(candidate)

@@ -20,7 +20,7 @@ from submission.engines.base import Completion, Engine, GenerationRequest
 from submission.grids import Grid
 from submission.prompt import FIX, check_text, repair_text
 from submission.sandbox import CheckResult, Sandbox, Status
-from submission.schedule import Level, Request
+from submission.schedule import PLAIN_VIEW, Level, Request
 from submission.tasks import Task
 from submission.tool_agent import (LAST_CHECK, NO_CALL, finished, first_cap, instructions, next_turn,
                                    within_tokens)
@@ -68,7 +68,7 @@ class Turn:
 
 @dataclass
 class Attempts:
-    """Runs attempts: everything one request needs, and the best program of each input for repair turns."""
+    """Runs attempts: everything one request needs, and the best plain-view program of each input for repair turns."""
 
     profile: Profile
     tasks: dict[str, Task]
@@ -77,10 +77,14 @@ class Attempts:
     render: Renderer
     clock: Callable[[], float]  # seconds since the run started
     tool_turn: ToolTurn = estimated_ids
-    best: dict[tuple[str, int], tuple[int, str]] = field(default_factory=dict)  # demos right, program
+    best: dict[tuple[str, int], tuple[int, str]] = field(default_factory=dict)  # plain view: demos right, program
 
     def note_program(self, record: AttemptRecord) -> None:
+        """Keep the input's best plain-view program (PLAIN_VIEW: the one a repair turn is queued for, Algorithm 5 L2,
+        seed ~2491), the one with the most demonstrations right."""
         key = (record.task_id, record.test_index)
+        if record.level not in PLAIN_VIEW:
+            return
         if record.program and record.demos_right > self.best.get(key, (-1, ""))[0]:
             self.best[key] = (record.demos_right, record.program)
 
@@ -113,7 +117,7 @@ class Attempts:
         config, reserve = self.profile.tool_agent, self.profile.engine.answer_max_tokens
         task = self.tasks[request.task_id]
         single = len(task.test_inputs) == 1
-        cap, used, checks, final, turns = min(request.cap, first_cap(config, single, reserve)), 0, 0, False, []
+        cap, used, checks, final, turns = min(request.cap, first_cap(config, single)), 0, 0, False, []
         tool_tokens = 0
         while True:
             turn = await self._turn(request, view, prompt, cap, turn_reply(len(turns), final))
@@ -135,14 +139,15 @@ class Attempts:
             tool_tokens += len(tool_ids)
             prompt = continued(prompt, turn.completion.token_ids, tool_ids)
             # The deadline-aware cap and the context cut what the attempt may still spend (SPEC 5: the cap formula
-            # cuts the agent's budget); when not even one thinking token of a final turn fits, the attempt ends.
+            # cuts the agent's budget); when they leave not one thinking token for a request, the attempt ends. A
+            # spent budget does not end it: the final turn then closes at once (cap 0) and answers.
             context = self.profile.engine.max_model_len
             limit = self.profile.schedule.cap(config.budget_single + config.budget_multi, self.clock())
             if context:
                 limit = min(limit, context - len(prompt) - reserve)
-            cap, final = next_turn(config, checks, used, single, reserve, limit, verified)
-            if cap < 1:
+            if limit < 1:
                 break
+            cap, final = next_turn(config, checks, used, single, limit, verified)
         return turns, tool_tokens
 
     async def run(self, request: Request) -> AttemptRecord:

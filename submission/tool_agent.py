@@ -13,10 +13,11 @@ the model's own chat template with the per-demonstration results; the next turn 
 prompt is the previous prompt, the ids as sampled and the tool turn, so an engine's prefix cache reuses all of it.
 
 Turns follow the study's rules (SPEC 5): at most `checks` checks; after a check, a later turn runs while at least
-`min_turn_thinking` thinking tokens fit the budget after reserving its call (an answer), the check's response and the
-final turn, else the final turn comes; after the last check, or a check that finds the program train-perfect with a
-test output, the final turn comes too. The final turn admits no call and always ends the attempt (unless the
-deadline or the context cannot hold even that); a call whose program cannot be read (no grid and no closed call: cut
+`min_turn_thinking` thinking tokens fit the budget after reserving its call, the check's response and the final turn
+(the reserves: what those take, measured by sim.agent_turns), else the final turn comes; after the last check, or a
+check that finds the program train-perfect with a test output, the final turn comes too. The final turn admits no
+call and always ends the attempt: it thinks what is left of `final_thinking` after its answer, or closes at once
+when nothing is left (unless the deadline or the context cannot hold a request at all); a call whose program cannot be read (no grid and no closed call: cut
 by the answer limit, or thinking ended by end of turn) counts as a check, the model is told so and the loop goes on.
 The result (Algorithm 7 lines 16-17, submission.solve.agent_result and needs_direct): every checked program found
 train-perfect, in check order, then the final program if it passes, is a program candidate; every other program that
@@ -53,6 +54,13 @@ class ToolAgentConfig:
     later_thinking: int = 8_000  # each turn after a check, but the last
     final_thinking: int = 4_000  # the turn after the last check
     min_turn_thinking: int = 1_000  # a later turn runs only if this much thinking fits after the reserves
+    # What a turn takes besides its thinking, reserved before another turn (Algorithm 7 line 3): its call, the tool's
+    # response and the final turn's answer (grid, cue, program): the medians measured by sim.agent_turns on ARC-AGI-2
+    # evaluation (approximate token counts: its doc; benchmarks/RESULTS.md); the limits stay answer_max_tokens and
+    # feedback_max_tokens.
+    call_reserve: int = 100
+    feedback_reserve: int = 800
+    answer_reserve: int = 800
     failing_pairs: int = 2  # demonstrations shown with their expected and produced grids
     max_cells: int = 12  # wrong cells listed per demonstration
     test_output_max_cells: int = 225  # the program's test output is shown up to this size
@@ -62,6 +70,8 @@ class ToolAgentConfig:
         if self.checks < 1 or min(self.first_thinking, self.first_thinking_multi, self.later_thinking,
                                   self.final_thinking) < 1:
             raise ValueError("tool_agent: checks and the thinking caps must be positive")
+        if min(self.call_reserve, self.feedback_reserve, self.answer_reserve) < 0:
+            raise ValueError("tool_agent: the reserves must not be negative")
 
 
 NO_CALL = ("check_transform: no program could be read from your call. Write the transformation as a Python "
@@ -78,30 +88,31 @@ def instructions(checks: int) -> str:
             "output grid, then the program.")
 
 
-def first_cap(config: ToolAgentConfig, single_input: bool, answer_reserve: int) -> int:
-    """The first turn's thinking cap, within the attempt's budget less its answer."""
+def first_cap(config: ToolAgentConfig, single_input: bool) -> int:
+    """The first turn's thinking cap, within the attempt's budget less its call."""
     budget = config.budget_single if single_input else config.budget_multi
     first = config.first_thinking if single_input else config.first_thinking_multi
-    return max(1, min(first, budget - answer_reserve))
+    return max(1, min(first, budget - config.call_reserve))
 
 
-def next_turn(config: ToolAgentConfig, checks: int, used: int, single_input: bool, answer_reserve: int,
-              limit: int, verified: bool = False) -> tuple[int, bool]:
+def next_turn(config: ToolAgentConfig, checks: int, used: int, single_input: bool, limit: int,
+              verified: bool = False) -> tuple[int, bool]:
     """(thinking cap, is the final turn) of the turn after `checks` checks and `used` tokens (generated and tool
     turns); `limit`: the thinking tokens a request starting now may have (the deadline-aware cap, the context);
     `verified`: the last check found the program train-perfect with a test output (the final turn comes).
-    The attempt may still spend its budget less `used`, cut to `limit` and its answer. A later turn runs while checks
-    remain and at least `min_turn_thinking` fits in that after reserving its call (`answer_reserve`), the check's
-    response (`feedback_max_tokens`) and the final turn (`final_thinking` and its answer); its cap is what fits, at
-    most `later_thinking`. Otherwise the final turn: `final_thinking` within `limit` whatever the budget (the budgets
-    leave room for it; the caller ends the attempt when `limit` holds not one token)."""
+    The attempt may still spend its budget less `used`, cut to `limit` and an answer. A later turn runs while checks remain and at
+    least `min_turn_thinking` fits after reserving its call (`call_reserve`), the tool's response
+    (`feedback_reserve`) and the final turn (`final_thinking` and `answer_reserve`): Algorithm 7 line 3 (seed
+    ~3441-3442); its cap is what fits, at most `later_thinking`. Otherwise the final turn: `final_thinking` within
+    what is left after its answer and within `limit`; 0 when nothing is left: it closes at once and answers (line 14,
+    seed ~3462). The caller ends the attempt instead when `limit` holds not one token (the deadline, the context)."""
     budget = config.budget_single if single_input else config.budget_multi
-    left = min(budget - used, limit + answer_reserve)
+    left = min(budget - used, limit + config.answer_reserve)  # a request's answer comes on top of its thinking cap
     if checks < config.checks and not verified:
-        room = left - answer_reserve - config.feedback_max_tokens - config.final_thinking - answer_reserve
+        room = left - config.call_reserve - config.feedback_reserve - config.final_thinking - config.answer_reserve
         if room >= config.min_turn_thinking:
             return min(config.later_thinking, room), False
-    return min(config.final_thinking, limit), True
+    return max(0, min(config.final_thinking, left - config.answer_reserve)), True
 
 
 def finished(train_perfect: bool, test_output: Grid | None) -> bool:

@@ -7,14 +7,13 @@ a study value, a recipe and the rows one at a time and show that each change fai
 from __future__ import annotations
 
 import dataclasses
-import re
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from conformance import (DOC, ROOT, STUDY, TABLES, TableError, effective, load_table, missing_lines, problems,
-                         rehearsal_changes, render, tables)
+from conformance import (DOC, PROCEDURE_ROW, ROOT, STUDY, TABLES, TableError, citation_problems, effective, load_table,
+                         procedure_problems, problems, quotes, rehearsal_changes, render, tables)
 from submission.profiles import PROFILES
 
 
@@ -77,27 +76,102 @@ def test_a_combined_profile_runs_two_profiles_with_tables(path):
 
 @pytest.mark.skipif(not STUDY.exists(), reason="../shared/design/STUDY.md is not beside this checkout")
 def test_every_cited_line_is_in_study_md():
-    assert [m for t in tables() for m in missing_lines(t, STUDY.read_text())] == []
+    assert [m for t in tables() for m in citation_problems(t, STUDY.read_text())] == []
     table = dataclasses.replace(load_table(TABLES / "moe-4xL4.toml"))
     bogus = dataclasses.replace(table, rows=(dataclasses.replace(table.rows[0], seed=(4470,)),))
-    assert missing_lines(bogus, STUDY.read_text()) == ["moe-4xL4.toml: engine.kind: seed line 4470 is not in STUDY.md"]
+    assert citation_problems(bogus, STUDY.read_text()) == ["moe-4xL4.toml: engine.kind: seed line 4470 is not in STUDY.md"]
+
+
+@pytest.mark.skipif(not STUDY.exists(), reason="../shared/design/STUDY.md is not beside this checkout")
+def test_a_row_citing_an_unrelated_line_fails(tmp_path):
+    """max_num_seqs cites the MoE run's 64 sequences (4481-4482). Pointed at the sandbox's line (2498), its quote is not
+    there; quoting that line's words instead, 64 cannot be read from them."""
+    row = 'max_num_seqs = { study = 64, seed = [4481, 4482], quote = "a server limit of 64 sequences" }'
+    moved = edited(tmp_path, "moe-4xL4", row, row.replace("[4481, 4482]", "[2498]"))
+    assert citation_problems(moved, STUDY.read_text()) == [
+        "moe-4xL4.toml: engine.max_num_seqs: the quote 'a server limit of 64 sequences' is not in STUDY.md lines "
+        "[2498]"]
+    requoted = edited(tmp_path, "moe-4xL4", row, row.replace("[4481, 4482]", "[2498]").replace(
+        "a server limit of 64 sequences", "(10 s CPU, 1 GiB)"))
+    assert citation_problems(requoted, STUDY.read_text()) == [
+        "moe-4xL4.toml: engine.max_num_seqs: the study value 64 cannot be read from the quote '(10 s CPU, 1 GiB)': "
+        "quote the words that give it, or say how they do (reading)"]
+
+
+@pytest.mark.skipif(not STUDY.exists(), reason="../shared/design/STUDY.md is not beside this checkout")
+def test_the_same_wrong_value_in_a_profile_and_its_table_fails(tmp_path):
+    """48 sequences written into both the MoE profile and its table: the run agrees with the table, but the study's
+    words ("a server limit of 64 sequences") do not give 48."""
+    table = edited(tmp_path, "moe-4xL4", "max_num_seqs = { study = 64,", "max_num_seqs = { study = 48,",
+                   profile=profile_copy(tmp_path, "moe-4xL4", "max_num_seqs = 64", "max_num_seqs = 48"))
+    assert check(table) == []
+    assert citation_problems(table, STUDY.read_text()) == [
+        "moe-4xL4.toml: engine.max_num_seqs: the study value 48 cannot be read from the quote 'a server limit of 64 "
+        "sequences': quote the words that give it, or say how they do (reading)"]
+
+
+@pytest.mark.skipif(not STUDY.exists(), reason="../shared/design/STUDY.md is not beside this checkout")
+def test_a_cited_row_needs_a_quote_and_a_quote_needs_its_lines(tmp_path):
+    row = 'max_num_seqs = { study = 64, seed = [4481, 4482], quote = "a server limit of 64 sequences" }'
+    bare = edited(tmp_path, "moe-4xL4", row, 'max_num_seqs = { study = 64, seed = [4481, 4482] }')
+    assert citation_problems(bare, STUDY.read_text()) == [
+        "moe-4xL4.toml: engine.max_num_seqs: cites STUDY.md [4481, 4482] without the study's words (quote)"]
+    unsourced = edited(tmp_path, "moe-4xL4", row, 'max_num_seqs = { study = 64, spec = "5", quote = "64 sequences" }')
+    assert citation_problems(unsourced, STUDY.read_text()) == [
+        "moe-4xL4.toml: engine.max_num_seqs: a quote without the lines it is from (seed)"]
+
+
+@pytest.mark.parametrize("quote, value", [
+    ("+5 _._ 5%", 0.055), ("learning rate 10 _[−]_ [4],", 1e-4), ("5 _×_ 10 _[−]_ [5]", 5e-5),
+    ("maximum model length 98,304", 98304), ("caps of 59,000 and 8,000.", 8000), ("a 56K cap", 56000),
+    ("_B_ = 64 K,", 64000), ("new requests stop 15 minutes", 900.0), ("before the 12-hour limit", 43200.0),
+    ("hard stop _L −_ 7 min;", 420.0), ("10% warm-up", 0.1), ("7.7 GiB reserved per GPU", 8267812044),
+    ("(10 s CPU, 1 GiB)", 1024), ("three-token MTP", 3), ("(24K, then 16K unless", [24000, 16000]),
+    ("with JSON grids", "json"), ("`xhigh`", "xhigh"),
+])
+def test_study_values_are_read_as_the_extraction_writes_them(quote, value):
+    assert quotes.readable(value, quote)
+
+
+@pytest.mark.parametrize("quote, value", [
+    ("+5 _._ 5%", 5.6), ("maximum model length 98,304", 98000), ("a 56K cap", 56), ("(24K, then 16K", [24000, 8000]),
+    ("custom all-reduce off", True), ("three-token MTP", 4), ("with JSON grids", "rows"),
+])
+def test_a_value_the_quote_does_not_give_is_not_read(quote, value):
+    assert not quotes.readable(value, quote)
 
 
 def test_docs_conformance_md_is_generated_from_the_tables():
     assert DOC.read_text() == render(), "docs/conformance.md is stale: run python -m conformance (make conformance)"
 
 
+def read_test(path: str) -> str:
+    return (ROOT / path).read_text()
+
+
 def test_the_procedures_name_tests_that_exist():
-    """Procedures are tested by behaviour: each test named as `tests/FILE.py::NAME` (or `::NAME`, the file before it)
-    in docs/conformance/procedures.md exists."""
+    """Procedures are tested by behaviour: every row of docs/conformance/procedures.md names at least one test as
+    `tests/FILE.py::NAME` (or `::NAME`, the file before it), and each exists."""
     text = (TABLES / "procedures.md").read_text()
-    named = []
-    for cell in re.findall(r"\| ([^|]*::[^|]*) \|$", text, re.MULTILINE):
-        file = ""
-        for path, name in re.findall(r"`(tests/\w+\.py)?::(\w+)`", cell):
-            file = path or file
-            named.append((file, name))
-    assert named and [(f, n) for f, n in named if f"def {n}(" not in (ROOT / f).read_text()] == []
+    assert len(PROCEDURE_ROW.findall(text)) == 14 and procedure_problems(text, read_test) == []
+
+
+def test_a_behaviour_row_whose_procedure_test_is_removed_fails():
+    """The plain-view repair rule (Algorithm 5 L2) is a procedure row: its test deleted from the test file, or its
+    name dropped from the row, fails."""
+    text = (TABLES / "procedures.md").read_text()
+    name = "test_repair_needs_a_plain_view_program_that_reproduces_a_demonstration"
+    source = read_test("tests/test_procedures.py")
+    assert source.count(f"def {name}(") == 1
+    removed = source.replace(f"def {name}(", "def gone(")
+    assert procedure_problems(text, lambda p: removed if p == "tests/test_procedures.py" else read_test(p)) == [
+        f"procedures.md: 'repair turn queued after attempt 1 (MoE), after both attempts (dense), only if a plain-view "
+        f"program reproduces a demonstration': tests/test_procedures.py::{name} is not defined"]
+    row = next(line for line in text.splitlines() if name in line)
+    untested = row[:row.rindex(" | ") + 3] + "by hand |"
+    assert procedure_problems(text.replace(row, untested), read_test) == [
+        "procedures.md: 'repair turn queued after attempt 1 (MoE), after both attempts (dense), only if a plain-view "
+        "program reproduces a demonstration': names no test (tests/FILE.py::NAME)"]
 
 
 def test_a_changed_profile_value_fails(tmp_path):
@@ -134,7 +208,8 @@ def test_a_departure_on_a_matching_row_is_stale(tmp_path):
 
 
 def test_a_removed_or_added_row_fails(tmp_path):
-    removed = edited(tmp_path, "moe-4xL4", "max_num_seqs = { study = 64, seed = [4481, 4482] }\n", "")
+    removed = edited(tmp_path, "moe-4xL4", 'max_num_seqs = { study = 64, seed = [4481, 4482], quote = "a server limit of '
+                                           '64 sequences" }\n', "")
     assert check(removed) == ["moe-4xL4.toml: engine.max_num_seqs: a setting without a row (the run has 64)"]
     added = edited(tmp_path, "moe-4xL4", "[sandbox]\n", '[sandbox]\nnice = { study = 5, seed = [2498] }\n')
     assert check(added) == ["moe-4xL4.toml: sandbox.nice: names no setting of the run"]
@@ -227,3 +302,12 @@ def test_the_rehearsal_scales_only_the_schedule_and_is_the_run_at_12_hours(name)
     assert not set(changed) & {"schedule.rate_tok_s", "schedule.max_in_flight", "schedule.second_by_confidence",
                                "run.devices", "run.max_len", "run.max_failures", "run.answer_room"}
     assert all(isinstance(a, (int, float, list)) for a, _ in changed.values())
+
+
+def test_the_grid_runs_deadline_is_a_declared_departure():
+    """The 33.06 run's global deadline was 12 hours plus 10 minutes (study ~1692-1695), a stop 600 s after the
+    limit; the kit's grid profile stops 7 minutes before it, and says so as a departure, not as the study's value."""
+    table = load_table(TABLES / "grid-4b-4xL4.toml")
+    row = next(r for r in table.rows if r.setting == "run.hard_stop_margin_s")
+    assert (row.study, row.seed) == (-600.0, (1692, 1695)) and row.departure
+    assert effective(table)[0]["run.hard_stop_margin_s"] == 420.0

@@ -13,6 +13,7 @@ from submission.engines.vllm import engine_kwargs, sampling_kwargs
 from submission.profiles import load_profile
 from submission.prompt import task_text
 from submission.schedule import InputInfo, Level, Outcome, Request, Scheduler
+from submission.selection import Candidates
 from submission.tasks import Pair, Task
 
 G1, G2 = ((1,),), ((2,),)
@@ -170,6 +171,32 @@ def test_dense_repair_waits_for_both_attempts():
     assert scheduler.next(3.0).cap == 16_000  # then 16K unless a program is now train-perfect
 
 
+@pytest.mark.parametrize("profile", ("dense-27b-4xL4",) + MOE)
+def test_repair_needs_a_plain_view_program_that_reproduces_a_demonstration(profile):
+    """Algorithm 5 L2 (study ~2491-2492) and the MoE runs (~4493-4495): the repair turn is queued only when a
+    plain-view program reproduces a demonstration. The second attempt's program (reordered demonstrations) does not
+    count, even when it reproduces more of them than the first's."""
+    for first_demos, second_demos, queued in ((0, 2, False), (1, 0, True), (1, 2, True)):
+        scheduler = Scheduler(schedule_of(profile, promote_below_thinking=0), [InputInfo("a", 0, 1_000, 1)])
+        finish(scheduler, 1.0, scheduler.next(0.0), thinking=50_000, demos=first_demos)
+        started = drain(scheduler, 1.0)
+        second = next(r for r in started if r.level is Level.SECOND)
+        finish(scheduler, 2.0, second, grid=G1, demos=second_demos)
+        levels = [r.level for r in started + drain(scheduler, 2.0)]
+        assert (Level.REPAIR in levels) is queued, (first_demos, second_demos)
+
+
+@pytest.mark.parametrize("profile, transferred", [("dense-27b-4xL4", False), ("moe-4xL4", True),
+                                                   ("moe-4xL4-direct", True)])
+def test_program_transfer_came_with_the_moe_53_33_run(profile, transferred):
+    """A train-perfect program of one test input answers the task's other inputs only from the 53.33 run on (study
+    ~3344-3346, runs table ~3510): the dense 44.03 run's second input keeps its own grids."""
+    candidates = Candidates(transfer=load_profile(profile).selection.transfer)
+    candidates.add("t", 0, 1, G1, ((G1, G2),))  # input 0's attempt: its program gives G2 for input 1
+    candidates.add("t", 1, 1, ((3,),), ())
+    assert candidates.answers(("t", 1)) == ((G2, ((3,),)) if transferred else (((3,),), ((0,),)))
+
+
 def test_dense_promotion_stays_off_in_a_scaled_schedule():
     config = load_profile("dense-27b-4xL4").schedule.scaled(1800.0)
     assert config.promote_below_thinking == 0
@@ -233,6 +260,17 @@ def test_moe_direct_uses_the_engines_default_draft_acceptance():
     assert args["speculative_config"]["draft_sample_method"] == "probabilistic"
 
 
+@pytest.mark.parametrize("profile, sharded, local_argmax", [
+    ("dense-27b-4xL4", True, True), ("moe-4xL4", False, False), ("moe-4xL4-direct", False, False)])
+def test_the_dense_run_sets_its_two_decode_speed_ups(profile, sharded, local_argmax):
+    """The 44.03 run added batch-sharded sampling and local-argmax draft reduction (study ~2296-2298); the engine
+    hands them to vLLM 0.33 as enable_batch_sharded_sampling and speculative_config.use_local_argmax_reduction (names
+    checked against its source: tests/test_vllm_v2.py). The MoE profiles set neither (their tables say why)."""
+    args = engine_kwargs("m", load_profile(profile).engine, "</think>", False, True)
+    assert args.get("enable_batch_sharded_sampling", False) is sharded
+    assert args["speculative_config"].get("use_local_argmax_reduction", False) is local_argmax
+
+
 @pytest.mark.parametrize("key, value, message", [
     ("repair_after", "never", "repair_after must be one of first, both"),
     ("promote_below_thinking", -1, "promote_below_thinking must be 0"),
@@ -253,3 +291,15 @@ def test_a_bad_grid_format_is_refused_with_the_key(tmp_path):
     path.write_text('[prompt]\ngrid_format = "yaml"\n')
     with pytest.raises(ProfileError, match=f"{path}.*prompt.grid_format must be one of rows, json"):
         load_profile(path)
+
+
+@pytest.mark.parametrize("profile", ("dense-27b-4xL4",) + MOE)
+def test_the_program_cue_is_the_studys(profile):
+    """The cue after the grid asks for "The transformation above, written as a self-contained Python function" and
+    opens a code block with `def transform(grid):` (study ~2341-2343); the answer grammar forces it verbatim."""
+    from submission.answer import answer_grammar
+
+    cue = load_profile(profile).engine.program_cue
+    words = "The transformation above, written as a self-contained Python function"
+    assert cue.strip().startswith(words) and cue.endswith("```python\ndef transform(grid):")
+    assert words in answer_grammar(cue, 6000)

@@ -4,6 +4,7 @@ as the chain of requests it was (each turn re-prefilling the conversation so far
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +97,44 @@ def test_the_simulator_scores_every_program_candidate_and_the_weak_pool():
     inputs = [InputInfo(k, 0, 100, 1) for k in "abc"]
     result = simulate(config, inputs, pool.draw, LatencyEngine(lambda job: 1.0), truth, 0)
     assert result.task_scores == {"a": 1.0, "b": 1.0, "c": 1.0}
+
+
+def test_the_simulator_transfers_programs_only_where_the_profile_does():
+    """A two-input task: input 0's train-perfect program is right on input 1 too, whose own grid is wrong. With
+    transfer (the MoE profiles) input 1 is solved; without (dense-27b-4xL4, the 44.03 run) it is not."""
+    right0, right1, wrong = ((5,),), ((6,),), ((7,),)
+    logged = [
+        AttemptRecord("t", 0, 1, Level.FIRST, 1, 96_000, natural=True, thinking_tokens=100, grid=right0,
+                      train_perfect=True, program_outputs=(right0, right1)),
+        AttemptRecord("t", 1, 1, Level.FIRST, 1, 96_000, natural=True, thinking_tokens=100, grid=wrong)]
+    truth = {("t", 0): right0, ("t", 1): right1}
+    config = ScheduleConfig(repair_caps=(), extra_min_left_s=10**6, cap_second=1)  # first attempts decide
+    inputs = [InputInfo("t", i, 100, 2) for i in range(2)]
+    scores = {transfer: simulate(config, inputs, AttemptPool(logged, truth).draw, LatencyEngine(lambda job: 1.0),
+                                 truth, 0, transfer).task_scores["t"] for transfer in (True, False)}
+    assert scores == {True: 1.0, False: 0.5}
+
+
+def test_the_previews_share_without_room_for_a_second_check(arc_data):
+    """The shipped reserves are the medians sim.agent_turns measures on ARC-AGI-2 evaluation (the call, the tool
+    response, the final answer). Replayed against 172 first turns of the example log (synthetic) in the preview's
+    96K / 80K configuration (Algorithm 7), they leave no more attempts without room for a second check than the
+    study's preview had (7 of 172, study ~3377-3380), where the kit's reserves before (answer_max_tokens for the call
+    and the answer, the response limit) left several times as many: nearly every first turn that ran to its cap.
+    (The share the study saw is not reproduced: with the measured sizes a first turn at its cap still has room, so
+    the preview's 7 left no room for a reason the budget alone does not give, such as its deadline.)"""
+    from sim.agent_turns import KIT_BEFORE, PREVIEW, PROGRAMS, first_turns, measure, preview, reserves
+    from submission.config import EngineConfig
+    from submission.tasks import load_tasks
+    from submission.tool_agent import ToolAgentConfig
+
+    tasks = load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks
+    programs = [p.read_text() for p in sorted(PROGRAMS.glob("*.py"))]
+    measured = measure(tasks, programs, ToolAgentConfig(), EngineConfig().program_cue)
+    shipped = ToolAgentConfig()
+    assert reserves(measured) == (shipped.call_reserve, shipped.feedback_reserve, shipped.answer_reserve)
+    firsts = first_turns(Path(__file__).parents[1] / "sim" / "data" / "example_attempts.jsonl", 172)
+    now = preview(PREVIEW, firsts, measured)
+    before = preview(ToolAgentConfig(**{**PREVIEW.__dict__, **KIT_BEFORE}), firsts, measured)
+    capped = sum(t >= PREVIEW.first_thinking for t in firsts)
+    assert now <= 7 < before <= capped, (now, before, capped)

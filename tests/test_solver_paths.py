@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 
 import pytest
@@ -91,6 +92,25 @@ def test_repair_turn_shows_the_best_programs_differences(tasks):
         asyncio.run(attempts.run(Request(task.id, 0, 2, Level.REPAIR, 1500, 2, repair_turn=1)))
     assert prompts[0] == "" and "A previous attempt wrote this program:" in prompts[1]
     assert "cells differ (row, column)" in prompts[1] and "correct." in prompts[1]
+
+
+def test_the_repair_turn_starts_from_a_plain_view_program(tasks):
+    """The repair turn is queued for a plain-view program (Algorithm 5 L2, study ~2491) and shows that program: not the
+    second attempt's (reordered demonstrations), even when it reproduces more demonstrations."""
+    task = next(t for t in tasks.tasks if t.id == "25ff71a9")
+    half_right = ("def transform(grid):\n    if grid[0] == [0] * len(grid[0]):\n        return grid\n"
+                  "    return [[0] * len(grid[0])] + grid[:-1]\n")
+    reordered = "def transform(grid):\n    return [[0] * len(grid[0])] + grid[:-1]  # the second attempt's\n"
+    prompts = []
+    engine = ReplayEngine([record(task, grid=((1,),), program=half_right)], EngineConfig(kind="replay"), 0.0)
+    with Sandbox() as box:
+        attempts = Attempts(Profile(), {task.id: task}, engine, box,
+                            lambda t, i, view, extra: prompts.append(extra) or [0] * 10, lambda: 0.0)
+        attempts.note_program(dataclasses.replace(record(task, 2, Level.SECOND, program=reordered),
+                                                  demos_right=len(task.train)))
+        asyncio.run(attempts.run(Request(task.id, 0, 1, Level.FIRST, 4000, 1)))
+        asyncio.run(attempts.run(Request(task.id, 0, 3, Level.REPAIR, 1500, 2, repair_turn=1)))
+    assert half_right.rstrip() in prompts[1] and "the second attempt's" not in prompts[1]
 
 
 def test_train_perfect_programs_transfer_to_other_test_inputs(tasks):

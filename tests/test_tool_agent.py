@@ -44,24 +44,27 @@ def tasks(arc_data):
 
 
 def test_turn_caps_follow_the_budget():
-    assert first_cap(CONFIG, True, 4000) == 80_000
-    assert first_cap(CONFIG, False, 4000) == 48_000  # SPEC 5: 48K of 64K for a task with several test inputs
-    assert first_cap(CONFIG, False, 20_000) == 44_000  # the budget still bounds it
+    assert (CONFIG.call_reserve, CONFIG.feedback_reserve, CONFIG.answer_reserve) == (100, 800, 800)
+    assert first_cap(CONFIG, True) == 80_000
+    assert first_cap(CONFIG, False) == 48_000  # SPEC 5: 48K of 64K for a task with several test inputs
+    assert first_cap(dataclasses.replace(CONFIG, budget_multi=44_100), False) == 44_000  # the budget bounds it
     free = 10**9  # no deadline, no context limit
-    assert next_turn(CONFIG, 1, 70_000, True, 4000, free) == (8_000, False)
-    # SPEC 5's continuation rule: a later turn while >= 1,000 thinking tokens fit after reserving its call (4K), the
-    # response (2.5K) and the final turn (4K + 4K): 96K - 80.5K - 14.5K = 1,000 fits, one token more does not
-    assert next_turn(CONFIG, 1, 80_500, True, 4000, free) == (1_000, False)
-    assert next_turn(CONFIG, 1, 80_501, True, 4000, free) == (4_000, True)  # the final turn instead, always
-    assert next_turn(CONFIG, 1, 95_000, True, 4000, free) == (4_000, True)  # even past the budget
-    assert next_turn(CONFIG, 2, 10_000, True, 4000, free) == (4_000, True)  # after the last check: the final turn
-    assert next_turn(CONFIG, 1, 10_000, True, 4000, free, verified=True) == (4_000, True)  # a verified program too
-    assert next_turn(dataclasses.replace(CONFIG, checks=3), 2, 10_000, True, 4000, free) == (8_000, False)
-    # the deadline cuts the budget: 11.5K thinking tokens left (+ the answer) hold a 1K later turn and the reserves
-    assert next_turn(CONFIG, 1, 10_000, True, 4000, 11_500) == (1_000, False)
-    assert next_turn(CONFIG, 1, 10_000, True, 4000, 11_499) == (4_000, True)
-    assert next_turn(CONFIG, 1, 10_000, True, 4000, 3_000) == (3_000, True)
-    assert next_turn(CONFIG, 1, 10_000, True, 4000, -5) == (-5, True)  # not even a final turn: the caller stops
+    assert next_turn(CONFIG, 1, 70_000, True, free) == (8_000, False)
+    # SPEC 5's continuation rule: a later turn while >= 1,000 thinking tokens fit after reserving its call (100), the
+    # response (800) and the final turn (4K + 800): 96K - 89.3K - 5.7K = 1,000 fits, one token more does not
+    assert next_turn(CONFIG, 1, 89_300, True, free) == (1_000, False)
+    assert next_turn(CONFIG, 1, 89_301, True, free) == (4_000, True)  # the final turn instead, always
+    assert next_turn(CONFIG, 1, 95_000, True, free) == (200, True)  # what is left after its answer
+    assert next_turn(CONFIG, 1, 95_200, True, free) == (0, True)  # nothing left: it closes at once (seed ~3462)
+    assert next_turn(CONFIG, 1, 99_000, True, free) == (0, True)  # past the budget too
+    assert next_turn(CONFIG, 2, 10_000, True, free) == (4_000, True)  # after the last check: the final turn
+    assert next_turn(CONFIG, 1, 10_000, True, free, verified=True) == (4_000, True)  # a verified program too
+    assert next_turn(dataclasses.replace(CONFIG, checks=3), 2, 10_000, True, free) == (8_000, False)
+    # the deadline cuts the budget: 5.9K thinking tokens left (+ an answer) hold a 1K later turn and the reserves
+    assert next_turn(CONFIG, 1, 10_000, True, 5_900) == (1_000, False)
+    assert next_turn(CONFIG, 1, 10_000, True, 5_899) == (4_000, True)
+    assert next_turn(CONFIG, 1, 10_000, True, 3_000) == (3_000, True)
+    assert next_turn(CONFIG, 1, 10_000, True, -5) == (0, True)  # the caller stops before: no request fits
     assert finished(True, ((1,),)) and not finished(True, None) and not finished(False, ((1,),))
     with pytest.raises(ValueError, match="tool_agent"):
         ToolAgentConfig(checks=0)
@@ -199,11 +202,16 @@ def test_only_first_attempts_and_only_when_enabled(tasks):
 
 def test_budget_deadline_and_context_stop_the_turns(tasks):
     task = tasks["25ff71a9"]  # two test inputs: the 64K budget
-    small = dataclasses.replace(CONFIG, budget_multi=5000)
+    small = dataclasses.replace(CONFIG, budget_multi=2000)
     engine = Scripted([call(IDENTITY), answer(((1,),), IDENTITY)])
     record, _ = run_attempt(task, engine, config=small)
-    # 5000 less the answer's 4000; no room for a later turn, but the final turn always runs
-    assert [r.thinking_cap for r in engine.requests] == [1000, 4000]
+    # 2000 less the call's 100; then 2000 - 154 used less the answer's 800: no room for a later turn, the final turn
+    assert [r.thinking_cap for r in engine.requests] == [1900, 1046]
+    engine = Scripted([call(IDENTITY), answer(((1,),), IDENTITY)])
+    record, _ = run_attempt(task, engine, config=dataclasses.replace(CONFIG, budget_multi=900))
+    # 900 - 154 leaves less than the answer's 800: the final turn closes at once (seed ~3462) and still answers
+    assert [r.thinking_cap for r in engine.requests] == [800, 0]
+    assert engine.requests[1].reply is Reply.ANSWER and record.turns == 2 and record.grid == ((1,),)
     engine = Scripted([call(IDENTITY)])
     late = Profile().schedule.hard_stop - 600  # 8 tok/s: 8 * (600 - 240) - 3000 < 0: not even a final turn
     record, _ = run_attempt(task, engine, clock=lambda: late)
@@ -213,13 +221,14 @@ def test_budget_deadline_and_context_stop_the_turns(tasks):
     record, _ = run_attempt(task, engine, clock=lambda: later)
     assert [r.thinking_cap for r in engine.requests] == [4000, 3080]  # the final turn, shrunk to the deadline
     profile = dataclasses.replace(Profile(), tool_agent=CONFIG,
-                                  engine=EngineConfig(max_model_len=10 + 4 + 4 + 8000 + 3999))
+                                  engine=EngineConfig(max_model_len=10 + 4 + 4 + 5900 - 800 + 3999))
     engine = Scripted([call(IDENTITY), answer(((1,),), IDENTITY)])
     with Sandbox() as box:
         attempts = Attempts(profile, {task.id: task}, engine, box, lambda *a: [5] * 10, lambda: 0.0,
                             lambda text: [EOT, 9, 9, 9, 9])
         asyncio.run(attempts.run(Request(task.id, 0, 1, Level.FIRST, 4000, 1)))
-    # 7,999 thinking tokens fit the context: not an 8K later turn with its reserves, so the final turn
+    # 5,100 thinking tokens fit the context (5,900 with an answer): not a 1K later turn and its reserves (6,700), so
+    # the final turn
     assert [r.thinking_cap for r in engine.requests] == [4000, 4000]
 
 
@@ -363,3 +372,27 @@ def test_solver_runs_the_tool_agent_on_the_tiny_model(tmp_path, arc_data):
     assert all(r["turns"] == 1 for r in records if r["level"] != int(Level.FIRST))
     submission = json.loads((tmp_path / "submission.json").read_text())
     assert len(submission) == 2
+
+
+def test_the_budget_arithmetic_is_the_studys():
+    """The 56.67 run's agent (study ~3429-3430, ~4503-4504): 75K tokens, thinking caps of 59,000 and 8,000 and a
+    final 4K (~3435). 59K + 8K + 4K of thinking leave 4K for two calls, two tool responses and the answer; the
+    reserves (what those usually take, sim.agent_turns) fit in it, so a first turn that used its whole cap still gets
+    its second check at the full 8K (~3441-3442) and the final turn its 4K; a spent budget closes it at once (~3462)."""
+    study = dataclasses.replace(CONFIG, budget_single=75_000, first_thinking=59_000)
+    assert (study.later_thinking, study.final_thinking, study.min_turn_thinking) == (8_000, 4_000, 1_000)
+    other = 2 * (study.call_reserve + study.feedback_reserve) + study.answer_reserve
+    assert 59_000 + 8_000 + 4_000 + other <= 75_000
+    free = 10**9  # no deadline, no context limit
+    turn = study.call_reserve + study.feedback_reserve  # a call and its response, as the reserves count them
+    assert first_cap(study, True) == 59_000
+    assert next_turn(study, 1, 59_000 + turn, True, free) == (8_000, False)
+    assert next_turn(study, 2, 59_000 + 8_000 + 2 * turn, True, free) == (4_000, True)
+    assert next_turn(study, 2, 75_000 - study.answer_reserve, True, free) == (0, True)
+    # The kit's reserves before (an answer of answer_max_tokens 4,000 for the call and for the final turn, the 2,500
+    # response limit, the final 4,000): a first turn of more than 57.9K of its 59K cap, with a call and response of
+    # 1.6K, got no second check (issue 44); now it does.
+    before = dataclasses.replace(study, call_reserve=4_000, feedback_reserve=2_500, answer_reserve=4_000)
+    assert next_turn(before, 1, 57_900 + 1_600, True, free) == (1_000, False)
+    assert next_turn(before, 1, 58_000 + 1_600, True, free)[1]
+    assert next_turn(study, 1, 58_000 + 1_600, True, free) == (8_000, False)

@@ -676,3 +676,28 @@ def test_the_scheduler_overrides_what_vllm_calls(which, request):
     assert {"scheduler_cls", "async_scheduling"} <= instance_attributes(config, "SchedulerConfig")
     assert "resolve_obj_by_qualname(self.scheduler_cls)" in ast.unparse(
         method(config, "SchedulerConfig", "get_scheduler_cls"))
+
+
+def test_the_dense_speed_ups_apply_to_qwen3_5_in_vllm_033(v033):
+    """The dense profile's batch-sharded sampling and local-argmax draft reduction (submission.config) are GPU-only
+    decisions of vLLM 0.33, read here from its source: the model runner shards sampling only for a model with
+    compute_logits_local (v1/worker/gpu/model_runner.py ~444-462), which Qwen3.5's text model has (qwen3_5.py ~432)
+    and Qwen3-Next's has not; the draft path takes the local argmax only through the draft head's get_top_tokens
+    (speculator.py ~415-427), which Qwen3_5MTP gets from LocalArgmaxMixin (qwen3_5_mtp.py ~216, interfaces.py)."""
+    qwen3_5, mtp = v033.classes("vllm/model_executor/models/qwen3_5.py"), v033.classes(
+        "vllm/model_executor/models/qwen3_5_mtp.py")
+    has = lambda cls, name: any(isinstance(n, ast.FunctionDef) and n.name == name for n in cls.body)  # noqa: E731
+    assert any(has(cls, "compute_logits_local") for cls in qwen3_5.values())
+    assert not any(has(cls, "compute_logits_local") for cls in v033.classes(
+        "vllm/model_executor/models/qwen3_next.py").values())
+    assert "LocalArgmaxMixin" in [ast.unparse(b) for b in mtp["Qwen3_5MTP"].bases]
+    assert has(v033.classes("vllm/model_executor/models/interfaces.py")["LocalArgmaxMixin"], "get_top_tokens")
+    runner = v033.read("vllm/v1/worker/gpu/model_runner.py")
+    assert 'if self.parallel_config.enable_batch_sharded_sampling:\n            if hasattr(self.model, ' \
+           '"compute_logits_local"):' in runner
+    speculator = v033.read("vllm/v1/worker/gpu/spec_decode/speculator.py")
+    assert "self.speculative_config.use_local_argmax_reduction" in speculator
+    assert 'if draft_logits is None and self.use_local_argmax_reduction:' in speculator
+    args = engine_kwargs("/model", load_profile("dense-27b-4xL4").engine, "</think>", enforce_eager=False, cuda=True)
+    assert "enable_batch_sharded_sampling" in init_keywords(v033.classes("vllm/config/parallel.py"), "ParallelConfig")
+    assert args["enable_batch_sharded_sampling"] and args["speculative_config"]["use_local_argmax_reduction"]

@@ -106,6 +106,10 @@ def engine_kwargs(model_dir: str, c: EngineConfig, end_str: str, enforce_eager: 
     if c.mtp_speculative_tokens:
         args["speculative_config"] = {"method": "mtp", "num_speculative_tokens": c.mtp_speculative_tokens,
                                       "draft_sample_method": c.draft_sample_method}
+        if c.local_argmax_reduction:
+            args["speculative_config"]["use_local_argmax_reduction"] = True
+    if c.batch_sharded_sampling:
+        args["enable_batch_sharded_sampling"] = True
     # The study's layout and caches (profiles/*.toml, docs/conformance.md); unset = vLLM's own default.
     if c.max_num_batched_tokens:  # the CPU build's whole-prompt prefill above wins
         args.setdefault("max_num_batched_tokens", c.max_num_batched_tokens)
