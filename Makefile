@@ -62,7 +62,7 @@ test: engine-env build-env unsloth-env vllm-gpu-wheel
 	$(EPY) -m pytest -q tests
 	$(BPY) -m pytest -q tests/test_prune.py tests/test_patch_eot.py tests/test_quantize.py tests/test_nvfp4.py tests/test_pipeline.py \
 	    tests/test_rft.py tests/test_fused_groups.py tests/test_layerwise.py tests/test_build_scale.py \
-	    tests/test_kaggle_upload.py tests/test_kaggle_rehearsal.py
+	    tests/test_kaggle_upload.py tests/test_kaggle_rehearsal.py tests/test_dense_qwen3_5.py
 	$(BPY) -m pytest -q tests/test_grid_ttt.py tests/test_grid_oom.py tests/test_grid_workers.py tests/test_grid_nvarc.py \
 	    tests/test_grid_tune.py tests/test_grid_resume.py tests/test_grid_both.py tests/test_corpus_mix.py \
 	    tests/test_corpus_ray.py tests/test_benchmarks.py
