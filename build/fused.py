@@ -44,6 +44,13 @@ UNQUANTISED_MTP_HEAD: dict[str, str] = {
     "qwen3_next": "qwen3_next_mtp.py:198-202 (Qwen3NextMTP's ParallelLMHead has no quant_config)",
 }
 
+# architecture -> the output head's names in vLLM 0.33's models of it, each a target of a quantised head in the
+# quantization config: the multimodal Qwen3.5 class builds its text model under `language_model` (qwen3_5.py:522-525),
+# so its head is `language_model.lm_head` (qwen3_5.py:347-352), and the config's mapper leaves a target without a dot
+# as it is (compressed_tensors.py:142-146: `lm_head` is not renamed), while its MTP drafter's head is `lm_head`
+# (qwen3_5_mtp.py:238-243). Every other architecture here: `lm_head` alone.
+HEAD_TARGETS: dict[str, tuple[str, ...]] = {"qwen3_5": ("lm_head", "language_model.lm_head")}
+
 
 def model_type(config: dict) -> str | None:
     """A config.json's architecture: its `model_type`, or its text model's."""

@@ -255,14 +255,15 @@ def largest_expert_amax(input_amax: dict[str, float]) -> dict[tuple[str, str], f
     return largest
 
 
-def quantization_config(schemes: dict[str, str], kv_cache: bool):
+def quantization_config(schemes: dict[str, str], kv_cache: bool, head: tuple[str, ...] = ("lm_head",)):
     """compressed-tensors' QuantizationConfig of the planned modules: one config group per scheme, explicit module
-    names as targets, `kv_cache_scheme` (FP8 per tensor, static) when KV-cache scales are written."""
+    names as targets (a quantised `lm_head` under each of `head`, the names vLLM's models give it:
+    build.fused.HEAD_TARGETS), `kv_cache_scheme` (FP8 per tensor, static) when KV-cache scales are written."""
     from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig
 
     targets: dict[str, list[str]] = {}
     for module, scheme in schemes.items():
-        targets.setdefault(scheme, []).append(module)
+        targets.setdefault(scheme, []).extend(head if module == "lm_head" else [module])
     groups = {f"group_{i}": library_scheme(scheme, sorted(targets[scheme]))
               for i, scheme in enumerate(s for s in FORMATS if s in targets)}
     formats = {FORMATS[s] for s in targets}
@@ -454,7 +455,7 @@ def quantize(model: str | Path, recipe_path: str | Path, out: str | Path,
     from compressed_tensors.utils.safetensors_load import update_safetensors_index
     from safetensors import TensorSpec, serialize_file
 
-    from build.fused import groups, table_for
+    from build.fused import HEAD_TARGETS, groups, model_type, table_for
 
     model, out = Path(model), Path(out)
     if out.exists():
@@ -493,7 +494,8 @@ def quantize(model: str | Path, recipe_path: str | Path, out: str | Path,
         shards.release()
         if on_shard is not None:
             on_shard(done, len(jobs))
-    write_checkpoint_quantization_config(str(partial), [_Config(quantization_config(schemes, bool(kv_scales)))])
+    head = HEAD_TARGETS.get(model_type(config), ("lm_head",))
+    write_checkpoint_quantization_config(str(partial), [_Config(quantization_config(schemes, bool(kv_scales), head))])
     update_safetensors_index(str(partial), total, new_map)
     (partial / "quantization_report.json").write_text(report_json(
         {"recipe": recipe.name, "recipe_file": str(Path(recipe_path).resolve()), "tensors": rows,

@@ -77,7 +77,7 @@ def test_the_dense_chain_quantises_qwen3_5_into_the_studys_groups(source, built,
     assert nvfp4 == {f"{TEXT}layers.{i}.mlp.{p}_proj" for i in range(4) for p in ("gate", "up", "down")}
     linear = {f"{TEXT}layers.{i}.linear_attn.{p}" for i in range(3) for p in ("in_proj_qkv", "in_proj_z", "out_proj")}
     attention = {f"{prefix}self_attn.{p}_proj" for prefix in (f"{TEXT}layers.3.", "mtp.layers.0.") for p in "qkvo"}
-    assert fp8 == linear | attention | {"lm_head"}
+    assert fp8 == linear | attention | {"lm_head", "language_model.lm_head"}  # the head as vLLM's two models name it
     for fused, members in groups(scheme_of, PACKED["qwen3_5"]).items():
         assert len({json.dumps(scheme_of[m], sort_keys=True) for m in members}) == 1, fused
     after, before = read_tensors(built), read_tensors(source)
