@@ -58,6 +58,8 @@ vllm-gpu-wheel: env
 # checkpoint-surgery and training tests in the build environment (compressed-tensors' converter is newer than vLLM's
 # pin) and the grid line's PEFT tests; then the unsloth backend's test in its own environment. The vLLM contract tests
 # read the GPU release's wheel.
+# tests/test_vllm_load_weights.py (engine environment) quantises its checkpoint with the build environment's python
+test: export KIT_BUILD_PYTHON := $(BPY)
 test: engine-env build-env unsloth-env vllm-gpu-wheel
 	$(EPY) -m pytest -q tests
 	$(BPY) -m pytest -q tests/test_prune.py tests/test_patch_eot.py tests/test_quantize.py tests/test_nvfp4.py tests/test_pipeline.py \
