@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -135,3 +136,33 @@ def test_the_qwen3_5_27b_topology_has_the_real_layout(tmp_path):
     assert len(decoder) == 16 * 7 + 48 * 6 and schemes["lm_head"] == "FP8_DYNAMIC"  # in_proj_b/a kept
     assert {schemes[f"{TEXT}layers.{i}.mlp.down_proj"] for i in (55, 56)} == {"NVFP4A16", "FP8_DYNAMIC"}
     assert sum(m.startswith("mtp.") for m in schemes) == 4 and not any(m.startswith("model.visual.") for m in schemes)
+
+
+def test_the_dense_bundle_carries_the_quantised_qwen3_5_and_passes_preflight(source, tmp_path, arc_data):
+    """`make bundle PROFILE=dense-27b-4xL4 MODEL=<tiny Qwen3.5> TARGET=cpu-py311` (build.pipeline.run with the
+    profile's recipe and calibration tasks): the dataset verifies, records its steps, and preflight's checks on it
+    (this machine's disk, the bundle's config and manifest; four L4s and an R580 driver stated) all pass, the MTP
+    layer found in the text config. Needs the CPU target's wheels (fetched on first use)."""
+    from dataclasses import replace
+
+    from build.bundle import verify
+    from build.pipeline import run
+    from submission.preflight import Gpu, checks, gather
+    from submission.profiles import load_profile
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for file in sorted((arc_data / "arc-agi-2" / "training").glob("*.json"))[:3]:
+        shutil.copy(file, tasks / file.name)
+    dataset = run("dense-27b-4xL4", "cpu-py311", tmp_path / "out", source, recipe=Path(DENSE),
+                  calibration_tasks=tasks)
+    assert verify(dataset) == []
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    assert manifest["model"]["quantization"]["recipe"] == "dense-27b-4xL4"
+    assert manifest["model"]["patches"]["end_of_turn_rows_zeroed"]
+    config = json.loads((dataset / "model" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3_5ForConditionalGeneration"] and "quantization_config" in config
+    facts = replace(gather(dataset, tmp_path / "work"), gpus=(Gpu("NVIDIA L4", 23034 * 2**20),) * 4,
+                    driver="580.82.07")
+    results = checks(load_profile("dense-27b-4xL4"), facts)
+    assert [c for c in results if not c.ok] == [] and any(c.name == "MTP layer" for c in results)
