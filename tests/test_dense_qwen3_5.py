@@ -62,6 +62,22 @@ def test_the_tiny_qwen3_5_has_the_published_layout(source):
     assert {"mtp.fc.weight", "mtp.layers.0.self_attn.q_proj.weight", "mtp.pre_fc_norm_hidden.weight"} <= names
 
 
+def test_the_layer_runner_is_the_published_class_on_text(source):
+    """build.layerwise (calibration, KV scales, the likelihood check) runs transformers' text model of the config
+    from the weights under `model.language_model.`: its logits are `Qwen3_5ForConditionalGeneration`'s exactly."""
+    from transformers import Qwen3_5ForConditionalGeneration
+
+    from build.layerwise import LayerRunner
+
+    ids = list(range(5, 40))
+    with torch.no_grad():
+        reference = Qwen3_5ForConditionalGeneration.from_pretrained(source, dtype=torch.float32)(
+            torch.tensor([ids])).logits[0]
+    runner = LayerRunner(source, head=True)
+    ((_, hidden),) = list(runner.run([ids]))
+    assert runner.prefix == TEXT and torch.equal(hidden[0] @ runner.head.weight.T, reference)
+
+
 def test_the_dense_chain_quantises_qwen3_5_into_the_studys_groups(source, built, read_tensors):
     """NVFP4 MLPs (gate and up of a layer share one global scale), FP8 attention, linear-attention projections
     (in_proj_qkv and in_proj_z: one fused linear in vLLM, one scheme) and output head (allowed beside Qwen3.5's MTP
