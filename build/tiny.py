@@ -126,7 +126,7 @@ def make_checkpoint(out: str | Path, arch: str = "qwen3", seed: int = 0, max_sha
     if patched:  # what build.patch_eot does to a real checkpoint (SPEC section 2), here in memory
         ids = end_token_ids(tokenizer, {"eos_token_id": [eos_id, pad_id]})
         if tied:  # as the patch does: untie first, so the input embeddings of the end tokens stay as they are
-            model.config.tie_word_embeddings = False
+            model.config.tie_word_embeddings = text_config.tie_word_embeddings = False
             model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
         with torch.no_grad():
             model.lm_head.weight[ids] = 0

@@ -62,6 +62,24 @@ def test_the_tiny_qwen3_5_has_the_published_layout(source):
     assert {"mtp.fc.weight", "mtp.layers.0.self_attn.q_proj.weight", "mtp.pre_fc_norm_hidden.weight"} <= names
 
 
+def test_the_end_of_turn_patch_unties_a_tied_qwen3_5_from_its_text_embedding(tmp_path, read_tensors):
+    """A tied release has no `lm_head.weight`: the patch makes it from `model.language_model.embed_tokens.weight`
+    (before: refused, looking for `model.embed_tokens.weight`), zeroes the end rows and unties both configs."""
+    from build.patch_eot import PATCH_KEY, patch
+
+    tied = make_checkpoint(tmp_path / "tied", "qwen3_5", seed=0, patched=False, tied=True)
+    ids = patch(tied, tmp_path / "patched")
+    after, before = read_tensors(tmp_path / "patched"), read_tensors(tied)
+    embed = before[f"{TEXT}embed_tokens.weight"]
+    assert "lm_head.weight" not in before and torch.equal(after[f"{TEXT}embed_tokens.weight"], embed)
+    head = after["lm_head.weight"]
+    assert ids and head[ids].abs().max() == 0 and torch.equal(head[[i for i in range(len(head)) if i not in ids]],
+                                                               embed[[i for i in range(len(head)) if i not in ids]])
+    config = json.loads((tmp_path / "patched" / "config.json").read_text())
+    assert config[PATCH_KEY]["untied"] and not config["tie_word_embeddings"]
+    assert not config["text_config"]["tie_word_embeddings"]
+
+
 def test_the_layer_runner_is_the_published_class_on_text(source):
     """build.layerwise (calibration, KV scales, the likelihood check) runs transformers' text model of the config
     from the weights under `model.language_model.`: its logits are `Qwen3_5ForConditionalGeneration`'s exactly."""
