@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from build.fused import PACKED, UNQUANTISED_MTP_HEAD, fused_name, groups
+from build.fused import HEAD_TARGETS, PACKED, UNQUANTISED_MTP_HEAD, fused_name, groups
 
 WHEELS = Path.home() / ".cache" / "arc-kit" / "wheels" / "vllm-0.33.0"
 MODELS = "vllm/model_executor/models/"
@@ -121,6 +121,19 @@ def test_the_mtp_head_rule_cites_the_line_that_builds_each_head(vllm_source):
     assert "qwen3_5" not in UNQUANTISED_MTP_HEAD and "qwen3_next" in UNQUANTISED_MTP_HEAD
     fc = ast.unparse(class_node(vllm_source(MODELS + "qwen3_5_mtp.py"), "Qwen3_5MultiTokenPredictor"))
     assert "quant_config=fc_quant" in fc and "quant_config.get_name() == 'modelopt_fp4'" in fc
+
+
+def test_the_head_targets_cite_the_lines_that_name_the_heads(vllm_source):
+    """HEAD_TARGETS' citations: Qwen3.5's multimodal class builds its text model as `language_model`, whose head is
+    `lm_head` under it, and the quantization config's mapper renames only targets with a dot."""
+    def lines(path: str, first: int, last: int) -> str:
+        return "\n".join(vllm_source(path).splitlines()[first - 1:last])
+
+    assert 'prefix=maybe_prefix(prefix, "language_model")' in lines(MODELS + "qwen3_5.py", 522, 525)
+    assert 'prefix=maybe_prefix(prefix, "lm_head")' in lines(MODELS + "qwen3_5.py", 347, 352)
+    assert 'is_layer_path = "." in target' in lines(
+        "vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors.py", 142, 146)
+    assert HEAD_TARGETS == {"qwen3_5": ("lm_head", "language_model.lm_head")}
 
 
 def test_routed_experts_fuse_gate_and_up(vllm_source):
