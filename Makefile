@@ -58,11 +58,13 @@ vllm-gpu-wheel: env
 # checkpoint-surgery and training tests in the build environment (compressed-tensors' converter is newer than vLLM's
 # pin) and the grid line's PEFT tests; then the unsloth backend's test in its own environment. The vLLM contract tests
 # read the GPU release's wheel.
+# tests/test_vllm_load_weights.py (engine environment) quantises its checkpoint with the build environment's python
+test: export KIT_BUILD_PYTHON := $(BPY)
 test: engine-env build-env unsloth-env vllm-gpu-wheel
 	$(EPY) -m pytest -q tests
 	$(BPY) -m pytest -q tests/test_prune.py tests/test_patch_eot.py tests/test_quantize.py tests/test_nvfp4.py tests/test_pipeline.py \
 	    tests/test_rft.py tests/test_fused_groups.py tests/test_layerwise.py tests/test_build_scale.py \
-	    tests/test_kaggle_upload.py tests/test_kaggle_rehearsal.py
+	    tests/test_kaggle_upload.py tests/test_kaggle_rehearsal.py tests/test_dense_qwen3_5.py
 	$(BPY) -m pytest -q tests/test_grid_ttt.py tests/test_grid_oom.py tests/test_grid_workers.py tests/test_grid_nvarc.py \
 	    tests/test_grid_tune.py tests/test_grid_resume.py tests/test_grid_both.py tests/test_corpus_mix.py \
 	    tests/test_corpus_ray.py tests/test_benchmarks.py

@@ -33,7 +33,7 @@ def activation_amax(model_dir: str | Path, prompts: list[list[int]], device: str
     found_kv: dict[str, list[float]] = {}
 
     def on_layer(index: int, layer, group: list[int]) -> list:
-        prefix = f"model.layers.{index}."
+        prefix = f"{runner.prefix}layers.{index}."  # the checkpoint's names (Qwen3.5: model.language_model.)
         return ((observe_inputs(layer, prefix, found_inputs) if inputs else [])
                 + (observe_kv(layer, prefix, found_kv) if kv else []))
 

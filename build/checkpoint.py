@@ -39,6 +39,21 @@ def copy_other_files(files: dict[str, Path], target: Path) -> None:
             shutil.copyfile(path, target / name)
 
 
+# where a checkpoint keeps its text model: Qwen3.5's multimodal release under `model.language_model.` (beside
+# `model.visual.`), every other architecture here under `model.`
+TEXT_PREFIXES = ("model.language_model.", "model.")
+
+
+def text_prefix(names) -> str:
+    """The prefix of the text model's weights (`model.language_model.` or `model.`) among a checkpoint's tensor
+    names, found by its embedding. Pure."""
+    for prefix in TEXT_PREFIXES:
+        if f"{prefix}embed_tokens.weight" in names:
+            return prefix
+    raise CheckpointError(f"no text-model embedding among the tensors (looked for "
+                          f"{', '.join(p + 'embed_tokens.weight' for p in TEXT_PREFIXES)})")
+
+
 def weight_map(files: dict[str, Path]) -> dict[str, str]:
     """Tensor name -> shard file name: the index's, or the single `model.safetensors`'s header."""
     index = [path for name, path in files.items() if name.endswith("safetensors.index.json")]

@@ -11,8 +11,9 @@ memory is one layer's weights plus the chunk's activations, whatever the depth. 
 Checkpoint tensors go into transformers' modules under transformers' own names: per-expert weights
 (`mlp.experts.E.{gate,up,down}_proj.weight`) are copied one at a time into the fused `experts.gate_up_proj` /
 `experts.down_proj` that Qwen3-MoE and Qwen3-Next keep in memory, allocated once at their final size, and every other
-weight is converted as it is read: loading a layer holds about its converted bytes (`Shards.load`). MTP weights (`mtp.*`) are not part of the transformers model and are
-never loaded.
+weight is converted as it is read: loading a layer holds about its converted bytes (`Shards.load`). MTP weights
+(`mtp.*`) are not part of the transformers model and are never loaded, nor is Qwen3.5's vision tower (transformers'
+causal-LM class of its config is the text model, whose weights the release keeps under `model.language_model.`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from build.checkpoint import text_prefix
 from build.schemes import dequantize, preset_of
 
 if TYPE_CHECKING:
@@ -177,9 +179,10 @@ class LayerRunner:
         with torch.device("meta"):
             self.model = AutoModelForCausalLM.from_config(self.config, dtype=self.dtype)
         self.base = self.model.model
-        self._load(self.base.embed_tokens, "model.embed_tokens.")
-        self._load(self.base.norm, "model.norm.")
-        self.base.rotary_emb = type(self.base.rotary_emb)(config=self.config).to(device)  # its buffers are computed
+        self.prefix = text_prefix(self.shards.weight_map)  # `model.language_model.` in Qwen3.5's multimodal release
+        self._load(self.base.embed_tokens, f"{self.prefix}embed_tokens.")
+        self._load(self.base.norm, f"{self.prefix}norm.")
+        self.base.rotary_emb = type(self.base.rotary_emb)(config=self.base.config).to(device)  # computed buffers
         self.head = None
         if head:
             tied = "lm_head.weight" not in self.shards.weight_map
@@ -215,7 +218,7 @@ class LayerRunner:
                 self.base.layers = torch.nn.ModuleList(self.layers)
             with torch.no_grad():
                 for i, layer in enumerate(self.layers):
-                    self._load(layer, f"model.layers.{i}.")
+                    self._load(layer, f"{self.prefix}layers.{i}.")
                     handles = on_layer(i, layer, group) if on_layer is not None else []
                     for position, (args, kwargs) in enumerate(captures[i].calls):
                         out = layer(hidden[position], *args, **kwargs)

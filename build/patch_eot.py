@@ -18,9 +18,11 @@ import json
 import sys
 from pathlib import Path
 
+from build.checkpoint import CheckpointError, text_prefix
+
 PATCH_KEY = "arc_kit_patches"
 END_TOKENS = ("<|im_end|>", "<|endoftext|>")
-HEAD, EMBED = "lm_head.weight", "model.embed_tokens.weight"
+HEAD = "lm_head.weight"  # the embedding is `{text prefix}embed_tokens.weight` (build.checkpoint.text_prefix)
 
 
 class PatchError(ValueError):
@@ -41,13 +43,13 @@ def end_token_ids(tokenizer, generation_config: dict | None = None) -> list[int]
 class EndOfTurnPatch:
     """A compressed-tensors converter: zero the head rows of `ids`; with `untie`, make the head from the embedding."""
 
-    def __init__(self, ids: list[int], untie: bool):
-        self.ids, self.untie = ids, untie
+    def __init__(self, ids: list[int], untie: bool, embed: str = "model.embed_tokens.weight"):
+        self.ids, self.untie, self.embed = ids, untie, embed
 
     def process(self, tensors: dict) -> dict:
         out = dict(tensors)
-        if self.untie and EMBED in tensors:
-            out[HEAD] = tensors[EMBED].clone()
+        if self.untie and self.embed in tensors:
+            out[HEAD] = tensors[self.embed].clone()
         if HEAD in out:
             head = out[HEAD].clone()
             head[self.ids] = 0
@@ -91,10 +93,15 @@ def patch(model: str | Path, out: str | Path) -> list[int]:
     index = model / "model.safetensors.index.json"
     names = set(json.loads(index.read_text())["weight_map"]) if index.exists() else _names(model)
     untie = tied or HEAD not in names
-    if untie and EMBED not in names:
-        raise PatchError(f"{model}: no {HEAD} and no {EMBED} to make one from")
+    try:
+        embed = text_prefix(names) + "embed_tokens.weight"
+    except CheckpointError:
+        embed = None
+    if untie and embed is None:
+        raise PatchError(f"{model}: no {HEAD} and no text-model embedding to make one from")
     partial = out.with_name(out.name + ".partial")
-    convert_checkpoint(str(model), str(partial), converter=EndOfTurnPatch(ids, untie), max_workers=1, device="cpu")
+    convert_checkpoint(str(model), str(partial), converter=EndOfTurnPatch(ids, untie, embed), max_workers=1,
+                       device="cpu")
     partial.rename(out)
     return ids
 

@@ -19,10 +19,12 @@ no global scale; their scales are per group or per channel, so the members need 
 from one table per architecture (build.fused: q/k/v, gate/up of dense MLPs, of each routed expert and of shared
 experts), found in one pass over the names; a recipe giving a group's members different schemes, or quantising
 nothing, is refused before any work, as is a source that is quantised already.
-MTP layers (`mtp.*`, Qwen3-Next) are matched by the same rules as the decoder layers except layer-ranged ones (the
-MTP layer is none of layers 0..N-1), as vLLM 0.33 looks them up: its MTP decoder layer and `mtp.fc` are built with
-the checkpoint's quantization config under their checkpoint names (experts by expert 0's names), while its output
-head is built without one, so a recipe that quantises `lm_head` is refused for a checkpoint with MTP weights.
+MTP layers (`mtp.*`, Qwen3-Next, Qwen3.5) are matched by the same rules as the decoder layers except layer-ranged ones
+(the MTP layer is none of layers 0..N-1), as vLLM 0.33 looks them up: its MTP decoder layer and `mtp.fc` are built
+with the checkpoint's quantization config under their checkpoint names (experts by expert 0's names). Qwen3-Next's
+MTP builds its output head without one, so a recipe that quantises `lm_head` is refused for such a checkpoint with
+MTP weights; Qwen3.5's builds it with the config, so its FP8 head is allowed (build.fused.UNQUANTISED_MTP_HEAD names
+the vLLM line of each).
 
 The output is what compressed-tensors' streaming converter (`convert_checkpoint` with a converter calling the
 library's compressors tensor by tensor) writes, byte for byte (tests/test_quantize.py builds that reference,
@@ -129,12 +131,15 @@ def load_recipe(path: str | Path) -> Recipe:
     return strict_toml.build(Recipe, {"name": Path(path).stem, **raw, "rules": rules}, str(path))
 
 
-def plan(recipe: Recipe, tensors: dict[str, tuple[int, ...]], table: dict[str, tuple[str, ...]],
+def plan(recipe: Recipe, tensors: dict[str, tuple[int, ...]], config: dict,
          source: str = "checkpoint") -> dict[str, str]:
-    """Module -> scheme for every weight the recipe quantises (tensor name -> shape, from the shard headers), refusing
-    what vLLM could not load or what would be a silent no-op: nothing matched, a fused group split over schemes, a
-    quantised `lm_head` beside MTP weights. Pure; one pass over the names."""
-    from build.fused import groups
+    """Module -> scheme for every weight the recipe quantises (tensor name -> shape, from the shard headers; `config`:
+    the checkpoint's config.json), refusing what vLLM could not load or what would be a silent no-op: nothing matched,
+    a fused group split over schemes, a quantised `lm_head` beside MTP weights where vLLM's MTP builds its head
+    unquantised. Pure; one pass over the names."""
+    from build.fused import UNQUANTISED_MTP_HEAD, groups, model_type, table_for
+
+    table = table_for(config)
 
     candidates = {}
     for name, shape in tensors.items():
@@ -155,9 +160,10 @@ def plan(recipe: Recipe, tensors: dict[str, tuple[int, ...]], table: dict[str, t
         if len(set(split.values())) > 1:
             raise ValueError(f"recipe {recipe.name!r}: {fused} is one linear in vLLM but its parts get different "
                              f"schemes {split}")
-    if "lm_head" in schemes and any(name.startswith("mtp.") for name in tensors):
-        raise ValueError(f"recipe {recipe.name!r} quantises lm_head, but {source} has MTP weights: vLLM 0.33's "
-                         "Qwen3-Next MTP builds its output head without a quantization config (qwen3_next_mtp.py)")
+    head = UNQUANTISED_MTP_HEAD.get(model_type(config))
+    if head and "lm_head" in schemes and any(name.startswith("mtp.") for name in tensors):
+        raise ValueError(f"recipe {recipe.name!r} quantises lm_head, but {source} has MTP weights and vLLM 0.33's "
+                         f"MTP for {model_type(config)} builds its output head without a quantization config: {head}")
     return schemes
 
 
@@ -249,14 +255,15 @@ def largest_expert_amax(input_amax: dict[str, float]) -> dict[tuple[str, str], f
     return largest
 
 
-def quantization_config(schemes: dict[str, str], kv_cache: bool):
+def quantization_config(schemes: dict[str, str], kv_cache: bool, head: tuple[str, ...] = ("lm_head",)):
     """compressed-tensors' QuantizationConfig of the planned modules: one config group per scheme, explicit module
-    names as targets, `kv_cache_scheme` (FP8 per tensor, static) when KV-cache scales are written."""
+    names as targets (a quantised `lm_head` under each of `head`, the names vLLM's models give it:
+    build.fused.HEAD_TARGETS), `kv_cache_scheme` (FP8 per tensor, static) when KV-cache scales are written."""
     from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig
 
     targets: dict[str, list[str]] = {}
     for module, scheme in schemes.items():
-        targets.setdefault(scheme, []).append(module)
+        targets.setdefault(scheme, []).extend(head if module == "lm_head" else [module])
     groups = {f"group_{i}": library_scheme(scheme, sorted(targets[scheme]))
               for i, scheme in enumerate(s for s in FORMATS if s in targets)}
     formats = {FORMATS[s] for s in targets}
@@ -448,7 +455,7 @@ def quantize(model: str | Path, recipe_path: str | Path, out: str | Path,
     from compressed_tensors.utils.safetensors_load import update_safetensors_index
     from safetensors import TensorSpec, serialize_file
 
-    from build.fused import groups, table_for
+    from build.fused import HEAD_TARGETS, groups, model_type, table_for
 
     model, out = Path(model), Path(out)
     if out.exists():
@@ -461,7 +468,7 @@ def quantize(model: str | Path, recipe_path: str | Path, out: str | Path,
         raise ValueError(f"{model}/config.json: quantization_config is set: quantise the unquantised checkpoint")
     shards = Shards(files, weights)
     table = table_for(config)
-    schemes = plan(recipe, {name: tuple(shards.info(name)["shape"]) for name in weights}, table, str(model))
+    schemes = plan(recipe, {name: tuple(shards.info(name)["shape"]) for name in weights}, config, str(model))
     fused = groups(schemes, table)
     group_of = {member: name for name, members in fused.items() for member in members}
     # the group's first member is the primary that brings the others along, as in the converter
@@ -487,7 +494,8 @@ def quantize(model: str | Path, recipe_path: str | Path, out: str | Path,
         shards.release()
         if on_shard is not None:
             on_shard(done, len(jobs))
-    write_checkpoint_quantization_config(str(partial), [_Config(quantization_config(schemes, bool(kv_scales)))])
+    head = HEAD_TARGETS.get(model_type(config), ("lm_head",))
+    write_checkpoint_quantization_config(str(partial), [_Config(quantization_config(schemes, bool(kv_scales), head))])
     update_safetensors_index(str(partial), total, new_map)
     (partial / "quantization_report.json").write_text(report_json(
         {"recipe": recipe.name, "recipe_file": str(Path(recipe_path).resolve()), "tensors": rows,

@@ -1,7 +1,7 @@
 """Full-topology, tiny-width checkpoints: the real model's layer count, expert count, MTP layer, tensor names, shard
 count and config keys, with tiny hidden sizes, so every loop of build/ runs over the real number of tensors.
 
-    python -m build.tiny --topology qwen3-next-80b --out DIR [--seed 0]
+    python -m build.tiny --topology qwen3-next-80b|qwen3.5-27b|... --out DIR [--seed 0]
 
 The published configs below are data, copied from each model's `config.json` on the Hugging Face hub
 (Qwen/Qwen3-Next-80B-A3B-Instruct, Qwen/Qwen3-30B-A3B, Qwen/Qwen3-32B, as released in 2025), with the shard count of
@@ -13,6 +13,16 @@ vllm/model_executor/models/qwen3_next_mtp.py) are a full-attention decoder layer
 (2 x hidden -> hidden) and three norms, written into the last shard as in the release. Approximate where the release
 is not reproducible: shards are split by tensor count in order, not at the release's exact boundaries, and the
 weights are random (1-D tensors keep transformers' initial values).
+
+Qwen3.5-27B (the study's dense model) is multimodal as published: `Qwen3_5ForConditionalGeneration`, model_type
+`qwen3_5`, the text model's keys under `text_config` (its weights under `model.language_model.`), a vision tower
+(`vision_config`, weights under `model.visual.`) and one MTP layer (`mtp.`, loaded by vllm/model_executor/models/
+qwen3_5_mtp.py), written here as for Qwen3-Next. Approximate: its config below is the published model's figures as
+this kit records them elsewhere (README, tests/test_rft.py: 64 layers, three linear-attention layers to one
+full-attention layer, hidden 5,120, MLP 17,408, 24 / 4 heads of 256, 16 / 48 linear-attention heads of 128,
+vocabulary 248,320) in transformers' Qwen3_5Config layout, with transformers' default vision tower (27 blocks), not
+a copy of the release's config.json (not reachable from here), and its shard count (11) is not the release's
+verified count.
 """
 
 from __future__ import annotations
@@ -61,6 +71,24 @@ TOPOLOGIES = {t.name: t for t in (
         "hidden_size": 5120, "intermediate_size": 25600, "max_position_embeddings": 40960, "max_window_layers": 64,
         "num_attention_heads": 64, "num_hidden_layers": 64, "num_key_value_heads": 8, "rope_theta": 1000000,
         "sliding_window": None}),
+    Topology("qwen3.5-27b", "Qwen/Qwen3.5-27B figures in transformers' Qwen3_5Config layout (approximate)", 11, {
+        "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "tie_word_embeddings": False,
+        "image_token_id": 248056, "video_token_id": 248057, "vision_start_token_id": 248053,
+        "vision_end_token_id": 248054, "torch_dtype": "bfloat16",
+        "text_config": {
+            "model_type": "qwen3_5_text", "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": None,
+            "eos_token_id": 248046, "full_attention_interval": 4, "head_dim": 256, "hidden_act": "silu",
+            "hidden_size": 5120, "initializer_range": 0.02, "intermediate_size": 17408, "linear_conv_kernel_dim": 4,
+            "linear_key_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 48,
+            "linear_value_head_dim": 128, "max_position_embeddings": 262144, "mtp_num_hidden_layers": 1,
+            "num_attention_heads": 24, "num_hidden_layers": 64, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25},
+            "tie_word_embeddings": False, "use_cache": True, "vocab_size": 248320},
+        "vision_config": {
+            "model_type": "qwen3_5_vision", "depth": 27, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152,
+            "in_channels": 3, "initializer_range": 0.02, "intermediate_size": 4304, "num_heads": 16,
+            "num_position_embeddings": 2304, "out_hidden_size": 5120, "patch_size": 16, "spatial_merge_size": 2,
+            "temporal_patch_size": 2}}, mtp_layers=1),
 )}
 
 # Widths small enough that 75k tensors take seconds, large enough for NVFP4's 16-wide blocks and a working forward.
@@ -70,25 +98,45 @@ TINY_WIDTHS = {"hidden_size": 32, "intermediate_size": 64, "moe_intermediate_siz
                "linear_num_value_heads": 4}
 
 
+# the vision tower's widths (Qwen3.5), its depth kept; its output width is the text model's hidden size
+TINY_VISION = {"hidden_size": 16, "intermediate_size": 32, "num_heads": 1, "patch_size": 4,
+               "num_position_embeddings": 16}
+
+
+def text_of(config: dict) -> dict:
+    """The text model's keys: `text_config` of a multimodal config (Qwen3.5), else the config itself."""
+    return config.get("text_config", config)
+
+
 def tiny_config(topology: Topology, vocab_size: int, eos_id: int, pad_id: int) -> dict:
-    """The published config with tiny widths and the kit tokenizer's vocabulary and ids. Pure."""
-    config = dict(topology.config)
-    config.update({k: v for k, v in TINY_WIDTHS.items() if k in config})
-    config.update(vocab_size=vocab_size, eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None)
+    """The published config with tiny widths and the kit tokenizer's vocabulary and ids (in the text config of a
+    multimodal one, whose vision tower takes `TINY_VISION`). Pure."""
+    config = json.loads(json.dumps(topology.config))  # a deep copy
+    text = text_of(config)
+    text.update({k: v for k, v in TINY_WIDTHS.items() if k in text})
+    text.update(vocab_size=vocab_size, eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None)
+    if "vision_config" in config:
+        config["vision_config"].update(TINY_VISION, out_hidden_size=text["hidden_size"])
+        config.update(eos_token_id=eos_id, pad_token_id=pad_id)
     return config
 
 
 def _template(config: dict, folder: Path) -> dict:
-    """Tensors of a model with the same config but one period of layers and two experts, as transformers saves it."""
+    """Tensors of a model with the same config but one period of layers and two experts, as transformers saves it
+    (by the config's own architecture class: Qwen3.5's multimodal one writes its vision tower and prefixes)."""
     import torch
+    import transformers
     from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
-    small = dict(config, num_hidden_layers=config.get("full_attention_interval", 1))
-    if "num_experts" in small:
-        small.update(num_experts=2, num_experts_per_tok=1)
+    small = json.loads(json.dumps(config))
+    text = text_of(small)
+    text["num_hidden_layers"] = text.get("full_attention_interval", 1)
+    if "num_experts" in text:
+        text.update(num_experts=2, num_experts_per_tok=1)
     model_type = small.pop("model_type")
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **small), dtype=torch.bfloat16)
+    model_class = getattr(transformers, small.pop("architectures")[0])
+    model = model_class._from_config(AutoConfig.for_model(model_type, **small), dtype=torch.bfloat16)  # as Auto*
     model.save_pretrained(folder)
     tensors = {}
     for file in sorted(folder.glob("*.safetensors")):
@@ -100,12 +148,16 @@ def tensor_plan(config: dict, template: dict, mtp_layers: int) -> list[tuple[str
     """(name, template name, shape) for every tensor of the full topology, in checkpoint order. Pure."""
     import re
 
-    period = config.get("full_attention_interval", 1)
-    experts = config.get("num_experts", 0)
+    from build.checkpoint import text_prefix
+
+    text = text_of(config)
+    period = text.get("full_attention_interval", 1)
+    experts = text.get("num_experts", 0)
+    base = text_prefix(template)  # `model.` or Qwen3.5's `model.language_model.`
     layer_names: dict[int, list[str]] = {}
     outside = []
     for name in template:
-        m = re.match(r"model\.layers\.(\d+)\.(.*)$", name)
+        m = re.match(re.escape(base) + r"layers\.(\d+)\.(.*)$", name)
         if m:
             layer_names.setdefault(int(m.group(1)), []).append(m.group(2))
         else:
@@ -116,12 +168,12 @@ def tensor_plan(config: dict, template: dict, mtp_layers: int) -> list[tuple[str
         names = sorted(layer_names[index])
         expert_leaves = [rest.split(".", 3)[3] for rest in names if rest.startswith("mlp.experts.0.")]
         for rest in names:
-            source = f"model.layers.{index}.{rest}"
+            source = f"{base}layers.{index}.{rest}"
             shape = tuple(template[source].shape)
             if rest.startswith("mlp.experts."):
                 if rest == f"mlp.experts.0.{expert_leaves[0]}":  # expert by expert, as transformers writes them
-                    rows += [(f"{prefix}mlp.experts.{e}.{leaf}", f"model.layers.{index}.mlp.experts.0.{leaf}",
-                              tuple(template[f"model.layers.{index}.mlp.experts.0.{leaf}"].shape))
+                    rows += [(f"{prefix}mlp.experts.{e}.{leaf}", f"{base}layers.{index}.mlp.experts.0.{leaf}",
+                              tuple(template[f"{base}layers.{index}.mlp.experts.0.{leaf}"].shape))
                              for e in range(experts) for leaf in expert_leaves]
             elif rest == "mlp.gate.weight":
                 rows.append((f"{prefix}{rest}", source, (experts, shape[1])))
@@ -129,15 +181,16 @@ def tensor_plan(config: dict, template: dict, mtp_layers: int) -> list[tuple[str
                 rows.append((f"{prefix}{rest}", source, shape))
         return rows
 
-    rows = [(n, n, tuple(template[n].shape)) for n in sorted(outside) if n.startswith("model.embed")]
-    for index in range(config["num_hidden_layers"]):
-        rows += layer(index % period, f"model.layers.{index}.")
-    rows += [(n, n, tuple(template[n].shape)) for n in sorted(outside) if not n.startswith("model.embed")]
-    hidden = config["hidden_size"]
+    embed = f"{base}embed_tokens.weight"
+    rows = [(embed, embed, tuple(template[embed].shape))]
+    for index in range(text["num_hidden_layers"]):
+        rows += layer(index % period, f"{base}layers.{index}.")
+    rows += [(n, n, tuple(template[n].shape)) for n in sorted(outside) if n != embed]
+    hidden = text["hidden_size"]
     for m in range(mtp_layers):  # the template's last layer has full attention (every `period`-th layer does)
         rows += layer(period - 1, f"mtp.layers.{m}.")
     if mtp_layers:
-        norm = "model.norm.weight"
+        norm = f"{base}norm.weight"
         rows += [("mtp.fc.weight", "", (hidden, 2 * hidden)), ("mtp.norm.weight", norm, (hidden,)),
                  ("mtp.pre_fc_norm_embedding.weight", norm, (hidden,)),
                  ("mtp.pre_fc_norm_hidden.weight", norm, (hidden,))]
@@ -162,9 +215,14 @@ def write_topology(out: str | Path, name: str, seed: int = 0, layers: int | None
     tokenizer = make_tokenizer(out)
     eos_id, pad_id = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config = tiny_config(topology, len(tokenizer), eos_id, pad_id)
+    text = text_of(config)
     if layers is not None:
-        config["num_hidden_layers"] = layers
-    config.update({key: config[key] * width for key in WIDE if key in config})
+        text["num_hidden_layers"] = layers
+        if "layer_types" in text:
+            text["layer_types"] = text["layer_types"][:layers]
+    text.update({key: text[key] * width for key in WIDE if key in text})
+    if "vision_config" in config:
+        config["vision_config"]["out_hidden_size"] = text["hidden_size"]
     torch.manual_seed(seed)
     with tempfile.TemporaryDirectory(prefix="topology-template-") as folder:
         template = _template(config, Path(folder))

