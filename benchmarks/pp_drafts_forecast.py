@@ -34,9 +34,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 STEP_SAVING = 1.15  # a drafts-free step's speed against a 4-draft step's (assumed, see above)
-# (8,267,812,044 - 64 x 36 x 274,432) / 6,144: the 7.7 GiB cache less 64 requests' linear-attention state, per token
-TP4_KV_TOKENS = 1_242_760
-TP4_BLOCK = 544  # one layer's linear-attention state (274,432 bytes) over 512 bytes a token a layer, rounded up to 16
+# TP4's cache (benchmarks/RESULTS.md): the profile's 7.7 GiB a GPU less 64 requests' linear-attention states (36 layers
+# on every GPU, 274,432 bytes each: 8 value heads x 128 x 128 x 2 bytes + the convolution state (2 x 4 x 128 +
+# 8 x 128) x 3 x 2 bytes), over 6,144 bytes a token (12 full-attention layers x one replicated KV head x 256 x 2, FP8)
+TP4_STATE = 8 * 128 * 128 * 2 + (2 * 4 * 128 + 8 * 128) * 3 * 2
+TP4_KV_TOKENS = (8_267_812_044 - 64 * 36 * TP4_STATE) // (12 * 256 * 2)
+TP4_BLOCK = -(-TP4_STATE // (256 * 2) // 16) * 16  # a block's bytes a layer hold one state: tokens, a multiple of 16
 
 
 def forecast(runs: int, throughput: float | None = None, serving: Path | None = None) -> dict:
