@@ -134,7 +134,8 @@ def main(options: dict) -> dict:
     end_str = forced_end(config.forced_close)
     args = engine_kwargs(options["model"], config, end_str, True, True)
     args.update(pipeline_parallel_size=options["pipeline"], tensor_parallel_size=1, enable_expert_parallel=False,
-                kv_cache_dtype="auto", max_model_len=4096, max_num_seqs=options["requests"])
+                kv_cache_dtype="auto", max_model_len=4096,
+                max_num_seqs=options.get("max_num_seqs", options["requests"]))
     args.pop("kv_cache_memory_bytes", None)
     args.pop("attention_config", None)
     for name, cls in SUB_CONFIGS.items():
@@ -178,6 +179,8 @@ def main(options: dict) -> dict:
         kwargs = sampling_kwargs(config, GenerationRequest(f"r-{index}", tuple(prompt), 4000, seed=index), forced,
                                  grammar, think_end, banned)
         kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
+        if "max_tokens" in options:  # requests that finish at different steps, so that others take their places
+            kwargs["max_tokens"] = options["max_tokens"][index % len(options["max_tokens"])]
         params = SamplingParams(**kwargs)
         params.verify(vllm_config.model_config, vllm_config.speculative_config,  # as the frontend does
                       vllm_config.structured_outputs_config, manager.tokenizer)  # (v1/engine/input_processor.py)

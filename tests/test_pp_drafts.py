@@ -73,9 +73,12 @@ def accepted(result: dict) -> tuple[int, int, int]:
 @pytest.fixture(scope="module")
 def runs(v033, checkpoint) -> dict:
     keys = [(pp, kit) for pp in (1, 2) for kit in (False, True)]
-    results = run_033(v033, [{"model": str(checkpoint), "profile": "moe-4xL4", "pipeline": pp, "kit": kit,
-                              "requests": REQUESTS, "steps": STEPS} for pp, kit in keys])
-    return dict(zip(keys, results))
+    runs = [{"model": str(checkpoint), "profile": "moe-4xL4", "pipeline": pp, "kit": kit, "requests": REQUESTS,
+             "steps": STEPS} for pp, kit in keys]
+    keys += [("churn", False), ("churn", True)]  # 12 requests through 4 slots, finishing at different steps
+    runs += [{"model": str(checkpoint), "profile": "moe-4xL4", "pipeline": 2, "kit": kit, "requests": 12,
+              "max_num_seqs": 4, "max_tokens": [17, 41, 29, 60], "steps": 80} for kit in (False, True)]
+    return dict(zip(keys, run_033(v033, runs)))
 
 
 def test_033_runs_the_pipeline_layout_with_its_batch_queue(runs):
@@ -102,6 +105,19 @@ def test_pp2_with_the_kits_scheduler_accepts_every_draft_with_the_workers_own_dr
     verified, taken, foreign = accepted(runs[2, True])
     assert verified > 0 and taken == verified and foreign == 0
     assert accepted(runs[1, True]) == accepted(runs[1, False])  # pp 1: nothing kept is used
+
+
+def test_pp2_with_requests_coming_and_going(runs):
+    """Requests finish and others take their slots, so the halves change: the kit never passes drafts other than
+    the worker's, and only a request's first steps (nothing kept yet) go without."""
+    def totals(result):
+        cells = [cell for step in result["steps"] for cell in step.values()]
+        return sum(c[0] for c in cells), sum(c[1] for c in cells), sum(not c[2] for c in cells)
+
+    verified, taken, foreign = totals(runs["churn", True])
+    assert foreign == 0 and taken >= 0.9 * verified
+    verified, taken, _ = totals(runs["churn", False])
+    assert taken <= 0.1 * verified  # vLLM's: only where a request meets its own half's drafts by chance
 
 
 def test_the_overridden_method_is_the_same_in_032_and_033(v033):
