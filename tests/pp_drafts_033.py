@@ -10,16 +10,19 @@ scheduler class (`SchedulerConfig.get_scheduler_cls()`: vLLM's `AsyncScheduler`,
 `EngineCore.step_with_batch_queue` itself (vllm/v1/engine/core.py ~708-827), called on an `EngineCore` whose
 constructor is skipped (it would load a model) and whose fields are set as its `__init__` sets them (~186-234), and
 the worker's `grammar_invalid_drafts`. What is not: the model and the rest of the worker, replaced by
-`OneSlotWorker`, and the KV cache layout (one full-attention
-group with room for every request: the draft path does not read it).
+`OneSlotWorker`, and the KV cache layout (one full-attention group with room for every request: the draft path does
+not read it).
 
-Set as on the GPU, where the CPU platform differs: `async_scheduling` on (0.33's default with V2 on CUDA; the CPU
-platform turns it off, vllm/platforms/cpu.py) and `VLLM_USE_V2_MODEL_RUNNER=1` (what 0.33 picks with Triton on CUDA,
-vllm/config/vllm.py `use_v2_model_runner`). With both, `max_concurrent_batches` is pp + 1 (vllm/config/vllm.py ~588)
+The kit's keywords for the profile, less what a CPU config cannot take and the draft path does not read: tensor
+parallelism 1 without expert parallelism, a BF16 cache of vLLM's sizing, a 4,096-token context, as many sequences
+as the run asks for; the pipeline size is the run's (the profile's 2, or 1). Set as on the GPU, where the CPU
+platform differs: `async_scheduling` on (0.33's default with V2 on CUDA; the CPU platform turns it off,
+vllm/platforms/cpu.py) and `VLLM_USE_V2_MODEL_RUNNER=1` (what 0.33 picks with Triton on CUDA, vllm/config/vllm.py
+`use_v2_model_runner`). With both, `max_concurrent_batches` is pp + 1 (vllm/config/vllm.py ~588)
 and `AsyncScheduler` staggers each request's decodes by pp steps (`next_decode_eligible_step`).
 
-Prints a JSON list, one object a run: per sampled step, per request, the drafts it verified, how many were accepted, and whether
-the drafts the scheduler built its grammar rows for (the non-placeholder ones) are the worker's own.
+Prints a JSON list, one object a run: per sampled step, per request, the drafts it verified, how many were accepted,
+and whether the drafts the scheduler built its grammar rows for (the non-placeholder ones) are the worker's own.
 """
 
 from __future__ import annotations
@@ -223,10 +226,9 @@ def thinking_rows(options: dict) -> dict:
     the implicit reasoning ends the manager masks while the request reasons (`_masked_reasoning_ends`)."""
     from transformers import AutoTokenizer
 
-    from submission.answer import THINK_START, Reply, answer_grammar
-    from submission.engines.vllm import SUB_CONFIGS, engine_kwargs, sampling_kwargs
+    from submission.answer import THINK_END, THINK_START, Reply, answer_grammar, banned_answer_ids, forced_end
     from submission.engines.base import GenerationRequest
-    from submission.answer import THINK_END, banned_answer_ids, forced_end
+    from submission.engines.vllm import SUB_CONFIGS, engine_kwargs, sampling_kwargs
     from submission.profiles import load_profile
     from vllm import SamplingParams
     from vllm import config as vllm_configs
@@ -269,7 +271,6 @@ def thinking_rows(options: dict) -> dict:
 
 
 if __name__ == "__main__":
-    from vllm.v1.core.sched.output import GrammarOutput  # noqa: F401  (0.33's, imported before the kit's module)
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, DraftTokenIds, ModelRunnerOutput
     from vllm.v1.worker.gpu.structured_outputs import grammar_invalid_drafts

