@@ -55,21 +55,21 @@ class KeptDraftsAsyncScheduler(AsyncScheduler):
         scheduler_output = super().schedule(*args, **kwargs)
         for req_id in scheduler_output.num_scheduled_tokens:
             self.scheduled_steps[req_id] = self.scheduled_steps.get(req_id, 0) + 1
+        for req_id in scheduler_output.finished_req_ids:  # finished or aborted since the last step
+            self.scheduled_steps.pop(req_id, None)
+            self.kept_drafts.pop(req_id, None)
         return scheduler_output
 
     def update_draft_token_ids_in_output(self, draft_token_ids: DraftTokenIds, scheduler_output) -> None:
         scheduled = scheduler_output.scheduled_spec_decode_tokens
         req_ids, drafts = list(draft_token_ids.req_ids), list(draft_token_ids.draft_token_ids)
         for req_id, proposed in zip(req_ids, drafts):
-            request = self.requests.get(req_id)
-            if req_id not in scheduled and request is not None:
-                self.kept_drafts[req_id] = (self.scheduled_steps.get(req_id, 0), list(proposed))
+            if req_id not in scheduled and req_id in self.scheduled_steps:
+                self.kept_drafts[req_id] = (self.scheduled_steps[req_id], list(proposed))
         given = set(req_ids)
         for req_id in scheduled:
             kept = self.kept_drafts.pop(req_id, None)
             if req_id not in given and kept is not None and kept[0] + 1 == self.scheduled_steps.get(req_id):
                 req_ids.append(req_id)
                 drafts.append(kept[1])
-        self.kept_drafts = {r: kept for r, kept in self.kept_drafts.items() if r in self.requests}
-        self.scheduled_steps = {r: n for r, n in self.scheduled_steps.items() if r in self.requests}
         super().update_draft_token_ids_in_output(DraftTokenIds(req_ids, drafts), scheduler_output)
