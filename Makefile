@@ -50,7 +50,8 @@ $(UNSLOTH_VENV)/.installed:
 	bash requirements/install.sh $(PYTHON) $(UNSLOTH_VENV) requirements/unsloth-cpu.txt torchvision torchaudio torchcodec
 
 # vLLM's GPU release, the locked wheel of kaggle-gpu-py311 (~340 MB), downloaded once into
-# ~/.cache/arc-kit/wheels/vllm-0.33.0 and never installed: tests/test_vllm_v2.py reads its source.
+# ~/.cache/arc-kit/wheels/vllm-0.33.0 and never installed: tests/test_vllm_v2.py reads its source, tests/test_pp_drafts.py
+# runs it.
 vllm-gpu-wheel: env
 	$(PY) -m offline_wheels.source --target kaggle-gpu-py311 --package vllm
 

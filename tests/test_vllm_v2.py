@@ -28,7 +28,8 @@ import pytest
 from offline_wheels.source import (Source, fetch_wheel, init_keywords, instance_attributes, is_property, method,
                                    parameters)
 from submission.engines.base import GenerationRequest
-from submission.engines.vllm import LOGITS_PROCESSORS, SUB_CONFIGS, engine_kwargs, logits_processor, sampling_kwargs
+from submission.engines.vllm import (LOGITS_PROCESSORS, SUB_CONFIGS, engine_kwargs, logits_processor, sampling_kwargs,
+                                     scheduler_class)
 from submission.profiles import PROFILES, is_grid_profile, load_profile
 
 INTERFACE = "vllm/v1/worker/gpu/sample/logits_processor/interface.py"
@@ -640,42 +641,32 @@ def test_async_llm_calls_match_vllm(which, request):
     assert len(shutdown.args) - len(shutdown.defaults) == 1  # self only
 
 
-def attributes_read(function: ast.FunctionDef) -> set[str]:
-    return {node.attr for node in ast.walk(function) if isinstance(node, ast.Attribute)}
-
-
 @pytest.mark.parametrize("which", SOURCES)
 def test_the_scheduler_overrides_what_vllm_calls(which, request):
-    """submission.engines.vllm_scheduler replaces `get_grammar_bitmask` and calls the structured-output manager as
-    vLLM's own method does. A renamed hook would be bypassed silently, a changed signature or a new condition in
-    vLLM's method would show only on the GPU: each fails here. The engine (vllm.py) sets the class by name after vLLM
-    has settled `async_scheduling`; vLLM resolves it by qualified name."""
+    """submission.engines.vllm_scheduler overrides `schedule` and `update_draft_token_ids_in_output` with vLLM's
+    arguments, and the engine core calls both on the scheduler (tests/test_pp_drafts.py runs 0.33's own loop through
+    them). The engine (vllm.py) sets the class by name after vLLM has settled `async_scheduling`; vLLM resolves it by
+    qualified name; async off gets vLLM's own class."""
     source = request.getfixturevalue(which)
     kit = ast.parse((Path(__file__).parents[1] / "submission/engines/vllm_scheduler.py").read_text())
     kit_classes = {node.name: node for node in kit.body if isinstance(node, ast.ClassDef)}
-    ours = method(kit_classes, "_GrammarAfterThinking", "get_grammar_bitmask")
     scheduler = source.classes("vllm/v1/core/sched/scheduler.py")
-    vllms = method(scheduler, "Scheduler", "get_grammar_bitmask")
-    assert [a.arg for a in vllms.args.args] == [a.arg for a in ours.args.args] == ["self", "scheduler_output"]
-    assert attributes_read(vllms) <= attributes_read(ours), attributes_read(vllms) - attributes_read(ours)
-    assert "self.scheduler.get_grammar_bitmask(" in source.read("vllm/v1/engine/core.py")
+    ours = method(kit_classes, "KeptDraftsAsyncScheduler", "update_draft_token_ids_in_output")
+    vllms = method(scheduler, "Scheduler", "update_draft_token_ids_in_output")
+    assert [a.arg for a in vllms.args.args] == [a.arg for a in ours.args.args] == [
+        "self", "draft_token_ids", "scheduler_output"]
+    assert method(scheduler, "Scheduler", "schedule").args.args[0].arg == "self"
+    core = source.read("vllm/v1/engine/core.py")
+    assert "self.scheduler.update_draft_token_ids_in_output(" in core and "self.scheduler.schedule(" in core
     assert "class AsyncScheduler(Scheduler)" in source.read("vllm/v1/core/sched/async_scheduler.py")
-    manager = source.classes("vllm/v1/structured_output/__init__.py")
-    assert [a.arg for a in method(manager, "StructuredOutputManager", "grammar_bitmask").args.args] == [
-        "self", "requests", "structured_output_request_ids", "scheduled_spec_decode_tokens"]
-    assert [a.arg for a in method(manager, "StructuredOutputManager", "_get_constraint_bounds").args.args][:3] == [
-        "self", "request", "spec_tokens"]
-    bounds = source.read("vllm/v1/structured_output/__init__.py")
-    assert "constraint_start: int" in bounds  # the field needs_grammar reads
-    if which == "v033":  # the GPU release masks implicit reasoning ends while reasoning: needs_grammar asks for them
-        method(manager, "StructuredOutputManager", "_masked_reasoning_ends")
-    fields = [item.target.id for item in source.classes("vllm/v1/core/sched/output.py")["GrammarOutput"].body
+    fields = [item.target.id for item in source.classes("vllm/v1/outputs.py")["DraftTokenIds"].body
               if isinstance(item, ast.AnnAssign)]
-    assert fields[:3] == ["structured_output_request_ids", "grammar_bitmask", "num_acceptable_drafts"]
+    assert fields == ["req_ids", "draft_token_ids"]
     config = source.classes("vllm/config/scheduler.py")
     assert {"scheduler_cls", "async_scheduling"} <= instance_attributes(config, "SchedulerConfig")
     assert "resolve_obj_by_qualname(self.scheduler_cls)" in ast.unparse(
         method(config, "SchedulerConfig", "get_scheduler_cls"))
+    assert scheduler_class(SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=False))) is None
 
 
 def test_the_dense_speed_ups_apply_to_qwen3_5_in_vllm_033(v033):

