@@ -268,6 +268,7 @@ bench: env build-env engine-env
 	$(BPY) benchmarks/quantize_throughput.py || echo quantize_throughput >> $(MISSED)
 	$(BPY) benchmarks/grid_throughput.py || echo grid_throughput >> $(MISSED)
 	$(BPY) benchmarks/grid_search.py || echo grid_search >> $(MISSED)
+	OMP_NUM_THREADS=1 $(BPY) benchmarks/grid_search.py --lockstep || echo grid_search_lockstep >> $(MISSED)
 	$(BPY) benchmarks/grid_ttt.py || echo grid_ttt >> $(MISSED)
 	$(BPY) benchmarks/build_scale.py || echo build_scale >> $(MISSED)
 	$(PY) benchmarks/corpus_admission.py || echo corpus_admission >> $(MISSED)
