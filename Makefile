@@ -195,8 +195,9 @@ wheels: env
 # The offline Kaggle dataset, built as the profile's [build] section says. By default the CPU demo: a tiny Qwen3 for
 # the cpu-tiny profile. For a real model: make bundle PROFILE=moe-4xL4 MODEL=/ckpt LIST=lists/c8.json
 # (TARGET=, RECIPE=, CALIBRATION_TASKS= override the profile). A combined profile takes both models:
-# make bundle PROFILE=both-4xL4 MODEL=/reasoning-ckpt GRID_MODEL=/grid-ckpt. ADAPTER= bundles the grid line's
-# fine-tuned adapter (training.grid_tune's out/adapter) inside its model, where the profile's model.adapter names it.
+# make bundle PROFILE=both-4xL4 MODEL=/reasoning-ckpt GRID_MODEL=/nvarc-4b ADAPTER=/ckpt-adapter. ADAPTER= bundles
+# the grid line's fine-tuned adapter (training.grid_tune's out/adapter) inside its model, where the profile's
+# model.adapter names it (grid-4b-4xL4, and so both-4xL4, needs it).
 # COMPETITION= names the competition whose mount (/kaggle/input/<slug>/) boot reads the tasks from (default
 # arc-prize-2025).
 PROFILE ?= cpu-tiny
@@ -270,6 +271,7 @@ bench: env build-env engine-env
 	$(BPY) benchmarks/quantize_throughput.py || echo quantize_throughput >> $(MISSED)
 	$(BPY) benchmarks/grid_throughput.py || echo grid_throughput >> $(MISSED)
 	$(BPY) benchmarks/grid_search.py || echo grid_search >> $(MISSED)
+	OMP_NUM_THREADS=1 $(BPY) benchmarks/grid_search.py --lockstep || echo grid_search_lockstep >> $(MISSED)
 	$(BPY) benchmarks/grid_ttt.py || echo grid_ttt >> $(MISSED)
 	$(BPY) benchmarks/build_scale.py || echo build_scale >> $(MISSED)
 	$(PY) benchmarks/corpus_admission.py || echo corpus_admission >> $(MISSED)

@@ -55,7 +55,10 @@ ARC = Path(os.environ.get("ARC_DATA", Path(__file__).resolve().parents[2] / "sha
 VARIANTS = ("kit", "naive")
 # Qwen3-4B's widths (its config.json), for the GPU variant; the layer count is --layers.
 WIDTHS = {"tiny": {}, "4b": dict(hidden_size=2560, intermediate_size=9728, num_attention_heads=32,
-                                 num_key_value_heads=8, head_dim=128)}
+                                 num_key_value_heads=8, head_dim=128),
+          # Qwen3-4B's attention layout on a narrow residual stream: long contexts on a CPU (grid_search --lockstep)
+          "4b-heads": dict(hidden_size=256, intermediate_size=512, num_attention_heads=32, num_key_value_heads=8,
+                           head_dim=128)}
 TARGET = {"cpu": 1.0, "cuda": 1.4}  # kit / naive step-time ratio, median of the rounds (module docstring)
 FIELDS = ("variant", "steps", "step_s", "tokens", "peak_mib", "adapter_dtype", "checkpointing", "loss_first",
           "loss_last")

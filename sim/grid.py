@@ -5,13 +5,14 @@
                        [--reasoning-log REASONING.jsonl --both both-4xL4 [--serving FILE]]
 
 Each logged task (attempt-1 records with `grid_line`) gives its seconds by stage, the time limit it had and whether
-its attempts were right (when labels are known). A simulated run draws `--hidden-tasks` of them with replacement
-and serves them with `submission.grid.queue.TaskQueue` (cheapest first, the same time limits) on `run.devices`
-workers; a task lasts the share of its limit it used in the log times the limit it gets now (its stages run until
-their share of the limit: an approximation, exact for tasks that used their whole limit), its limit weighted by its
-size as in the run (run.task_s), and a task that would end after the hard stop is unanswered. Model loading, worker
-start-up and restarts are not modelled. Reports the forecast score (mean and 5-95% over runs), tasks answered by the
-deadline and the logged seconds by stage.
+its attempts were right (when labels are known). A simulated run draws `--hidden-tasks` of them with replacement and
+serves them with `submission.grid.queue.TaskQueue` (cheapest first, the same time limits) on `run.devices` workers;
+a task lasts the share of its limit it used in the log times the limit it gets now (its stages run until their share
+of the limit: an approximation, exact for tasks that used their whole limit), its limit weighted by its size as in
+the run (run.task_s), and a task that would end after the hard stop is unanswered. The queue's training plan is
+counted as the run makes it: how many tasks the forecast gives only their training share (fewer steps). Model
+loading, worker start-up and restarts are not modelled. Reports the forecast score (mean and 5-95% over runs), tasks
+answered by the deadline and the logged seconds by stage.
 
 With `--reasoning-log` and a combined profile (`--both`, line = "both"), three forecasts on the same drawn tasks
 (common random numbers): all GPUs to the grid line (`--profile`), all GPUs to the reasoning line (the combined
@@ -84,6 +85,7 @@ class RunForecast:
     answered: int
     tasks: int
     answered_ids: frozenset = frozenset()  # the drawn tasks ("t0", ...) answered by the deadline
+    short_training: int = 0  # tasks started whose training the forecast cut to its share (queue.TrainingPlan)
 
 
 def draw_tasks(logged: list[LoggedTask], hidden_tasks: int, rng: random.Random) -> dict[str, LoggedTask]:
@@ -95,10 +97,10 @@ def one_run(logged: list[LoggedTask], profile: GridProfile, hidden_tasks: int, r
     run = profile.run
     drawn = drawn or draw_tasks(logged, hidden_tasks, rng)
     queue = TaskQueue({k: v.cost for k, v in drawn.items()}, run.min_task_s, run.max_task_s, run.max_failures,
-                      needs={k: run.task_need(v.cost) for k, v in drawn.items()})
+                      needs={k: run.task_need(v.cost) for k, v in drawn.items()} if run.task_s else {})
     workers = len(run.devices)
     free: list[tuple[float, int, str | None]] = [(0.0, w, None) for w in range(workers)]  # (when, worker, its task)
-    answered, score = 0, 0.0
+    answered, score, short = 0, 0.0, 0
     done: set[str] = set()
     while free:
         free.sort(key=lambda f: (f[0], f[1]))
@@ -109,13 +111,14 @@ def one_run(logged: list[LoggedTask], profile: GridProfile, hidden_tasks: int, r
         if nxt is None:
             continue
         task_id, limit = nxt
+        short += not queue.plans[task_id].full
         end = now + drawn[task_id].used * limit
         if end <= run.hard_stop:  # else it runs until the hard stop: unanswered, and its worker takes no more
             answered += 1
             done.add(task_id)
             score += drawn[task_id].right
             free.append((end, worker, task_id))
-    return RunForecast(100 * score / len(drawn), answered, len(drawn), frozenset(done))
+    return RunForecast(100 * score / len(drawn), answered, len(drawn), frozenset(done), short)
 
 
 @dataclass(frozen=True)
@@ -225,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(logged)} logged tasks, {args.runs} runs of {args.hidden_tasks} tasks on {len(profile.run.devices)} "
           f"workers ({profile.name})")
     print(f"forecast score {spread([r.score for r in runs])}; answered by the deadline "
-          f"{statistics.mean(r.answered for r in runs):.1f} of {args.hidden_tasks}")
+          f"{statistics.mean(r.answered for r in runs):.1f} of {args.hidden_tasks}; training cut short by the "
+          f"forecast (fewer steps than sequences may run) in {statistics.mean(r.short_training for r in runs):.1f} "
+          f"of them")
     stages = sorted({k for t in logged for k in t.stage_s})
     print("logged seconds by stage (mean per task): " + ", ".join(
         f"{k} {statistics.mean(t.stage_s.get(k, 0.0) for t in logged):.1f}" for k in stages))

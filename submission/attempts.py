@@ -24,8 +24,9 @@ from submission.schedule import Level, Outcome
 class GridDetail:
     """The grid line's part of an attempt record (submission.grid.workers.records): attempt 1 of a test input carries
     every field, attempt 2 only `worker`. A field not logged is None and is not written, so the log's `grid_line`
-    object has exactly the keys it had as a plain dict (older logs lack the ttt_checkpointing, ttt_oom_retries and
-    ttt_skipped keys: None here). Unknown keys are refused by name, as AttemptRecord refuses unknown fields."""
+    object has exactly the keys it had as a plain dict (older logs lack the ttt_checkpointing, ttt_oom_retries,
+    ttt_skipped, ttt_sequences and ttt_why keys: None here). Unknown keys are refused by name, as AttemptRecord
+    refuses unknown fields."""
 
     worker: int | None = None  # the worker (one per device) that solved the task
     time_limit_s: float | None = None  # the task's time limit
@@ -39,6 +40,8 @@ class GridDetail:
     search_steps: int | None = None  # model steps the search ran (after the prompts)
     complete: bool | None = None  # the rescoring finished within the task's limit
     candidates: tuple[dict[str, Any], ...] | None = None  # submission.grid.rescore.Candidate.to_json() of each
+    ttt_sequences: int | None = None  # the task's training sequences: the steps a full training runs (issue 45)
+    ttt_why: str | None = None  # the training plan's forecast, and why fewer steps ran than sequences if so
 
     def to_json(self) -> dict[str, Any]:
         out = {}

@@ -190,3 +190,22 @@ def test_a_bundle_takes_the_model_its_line_runs():
     assert model_problem("grid", {"vocab_size": 16}) == model_problem("reasoning", {"vocab_size": 151936}) == ""
     assert "build.grid_vocab" in model_problem("grid", {"vocab_size": 151936})
     assert "full vocabulary" in model_problem("reasoning", {"vocab_size": 16})
+
+
+def test_the_shipped_grid_profile_is_the_studys_and_kit16_the_named_alternative(tmp_path):
+    """Issue 45: grid-4b-4xL4 runs NVARC's format with the ckpt adapter loaded unmerged, from inside the bundled
+    model folder (so its bundle, and both-4xL4's, must carry the adapter); grid-4b-4xL4-kit16 differs in the model
+    alone."""
+    from build.bundle import adapter_problem, grid_adapter
+    from submission.profiles import load_grid_profile
+
+    study, kit16 = load_grid_profile("grid-4b-4xL4"), load_grid_profile("grid-4b-4xL4-kit16")
+    assert (study.model.format, study.model.adapter, study.model.merge) == ("nvarc", "adapter", False)
+    assert (kit16.model.format, kit16.model.adapter) == ("kit16", "")
+    assert (study.ttt, study.search, study.rescore, study.run, study.build) == (
+        kit16.ttt, kit16.search, kit16.rescore, kit16.run, kit16.build)
+    assert grid_adapter("grid-4b-4xL4", "grid") == grid_adapter("both-4xL4", "both") == "adapter"
+    model = tmp_path / "nvarc-4b"
+    model.mkdir()
+    assert "adapter/adapter_config.json is missing" in adapter_problem("adapter", None, model)
+    assert grid_adapter("grid-4b-4xL4-kit16", "grid") == "" and adapter_problem("", None, model) == ""

@@ -305,3 +305,39 @@ def test_the_search_cache_is_written_in_place_not_copied_per_token(model):
     for token in (1,) * 8:  # past its room the buffer grows, and the answer is still exact
         logp = stepper.push(token)
     assert np.allclose(logp, HFStepper(model).prefill([*prompt, 3, 6, NEWLINE, *(1,) * 8])[0], atol=1e-5)
+
+
+def test_lockstep_steps_attend_without_copying_the_cache(model, monkeypatch):
+    """Issue 45: with a mask (the rows' padded and abandoned slots) transformers' SDPA path repeats every KV head for
+    grouped-query attention, a copy of the whole cache per layer per step. The lockstep's decode steps attend through
+    grouped_decode_attention instead: no repeat_kv call, the same log-probabilities as each row alone, and the
+    model's own attention implementation untouched outside the step."""
+    import transformers.integrations.sdpa_attention as sdpa_attention
+
+    from submission.grid.model import HFBatchStepper, HFStepper
+
+    assert model.config.num_attention_heads > model.config.num_key_value_heads  # grouped-query attention
+    calls: list[int] = []
+    real = sdpa_attention.repeat_kv
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda x, n: calls.append(n) or real(x, n))
+    prompts = [encode(DEMOS, ((7, 0), (0, 7))).ids, encode(DEMOS, ((7,),)).ids]  # unequal lengths: a mask
+    moves = [[(0, len(prompts[0]), 3), (1, len(prompts[1]), 4)], [(0, len(prompts[0]) + 1, NEWLINE), (1, len(
+        prompts[1]), 5)], [(0, len(prompts[0]) + 2, 6), (1, len(prompts[1]) + 1, NEWLINE)]]  # row 1 goes back once
+    steps = {}
+    for grouped in (True, False):
+        stepper = HFBatchStepper(model, grouped=grouped)
+        stepper.prefill(prompts)
+        del calls[:]
+        steps[grouped] = [stepper.push(m) for m in moves]
+        assert (len(calls) == 0) == grouped and model.config._attn_implementation == "sdpa"
+    alone = []
+    for row, prompt in enumerate(prompts):
+        single = HFStepper(model)
+        single.prefill(prompt)
+        for step in moves:
+            _, length, token = step[row]
+            single.truncate(length)
+            alone.append(single.push(token))
+    for grouped in (True, False):
+        by_row = [steps[grouped][i][row] for row in range(2) for i in range(3)]
+        assert np.allclose(by_row, alone, atol=1e-4)

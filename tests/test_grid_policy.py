@@ -197,3 +197,61 @@ def test_the_grid_detail_of_a_record_reads_and_writes_the_logs_keys_and_refuses_
     assert record.grid_line.ttt_loss == (2.5, 0.75) and record.grid_line.ttt_checkpointing is None
     with pytest.raises(ValueError, match=r"grid_line: unknown fields \['ttt_skiped'\]"):
         AttemptRecord.from_json({**base, "attempt": 1, "grid_line": {"worker": 0, "ttt_skiped": 1}})
+
+
+def test_every_task_trains_in_full_unless_the_forecast_says_the_run_cannot_afford_it():
+    """Issue 45: the training budget comes from the whole run, not from a task's limit alone. Two workers, 3,000 s
+    each before the hard stop: three tasks needing 1,000 s each fit (each trains every step); a fourth and fifth
+    needing 2,000 s more would not, so a task started then gets its training share."""
+    from submission.grid.queue import training_plan
+
+    assert training_plan(3000.0, 6000.0, 2).full and not training_plan(3000.0, 6001.0, 2).full
+    assert "6001 s of tasks queued and running, 2 workers x 3000 s left" in training_plan(3000.0, 6001.0, 2).why
+    queue = TaskQueue({"a": 1, "b": 2, "c": 3, "d": 4}, 100.0, 5000.0, needs=dict.fromkeys("abcd", 1000.0))
+    assert queue.next(0, 0.0, 1e9, 1900.0, 2)[0] == "a" and not queue.plans["a"].full  # 4,000 s for 2 x 1,900
+    assert queue.next(1, 0.0, 1e9, 1900.0, 2)[0] == "b" and not queue.plans["b"].full
+    queue.done(0, "a")  # early, at 400 s: the running "b" counts only the 600 s left of its need
+    assert queue.next(0, 400.0, 1e9, 1900.0, 2)[0] == "c" and queue.plans["c"].full  # 2,600 s for 2 x 1,500
+    alike = {"a": 1, "b": 2, "c": 3, "d": 4}  # no table of needs: each task counts the least it is given
+    assert not TaskQueue(alike, 1000.0, 3000.0).next(0, 0.0, 1e9, 1900.0, 2) is None
+    tight, roomy = TaskQueue(alike, 1000.0, 3000.0), TaskQueue(alike, 1000.0, 3000.0)
+    tight.next(0, 0.0, 1e9, 1900.0, 2)
+    roomy.next(0, 0.0, 1e9, 2000.0, 2)
+    assert not tight.plans["a"].full and roomy.plans["a"].full
+
+
+def test_the_checkpointing_decision_counts_the_training_state_before_it_exists():
+    """Issue 45: free memory is read after the allocator's cache is emptied, and the gradients and AdamW moments
+    training is about to allocate (three copies of the trainable parameters) are taken from it."""
+    import math
+
+    from submission.grid.ttt import activation_bytes_per_token, free_memory, training_state_bytes, use_checkpointing
+
+    per_token = activation_bytes_per_token(36, 2560, 9728, 256, 16, 2)  # Qwen3 4B, rank 256, bf16
+    state = training_state_bytes(200_000_000, 2)  # ~0.2 B trainable parameters in bf16
+    assert state == 1_200_000_000
+    free = 1500 * per_token / 0.8 + state / 2  # room for 1,500 tokens' activations if the state were not counted
+    assert use_checkpointing("auto", 1450, per_token, free, 0.8)[0] is False  # the state left out: fits
+    on, why = use_checkpointing("auto", 1450, per_token, free, 0.8, state)
+    assert on and "1.12 GiB of gradients and optimiser state" in why
+
+    class Cuda:
+        def __init__(self):
+            self.calls = []
+
+        def empty_cache(self):
+            self.calls.append("empty_cache")
+
+        def mem_get_info(self, device):
+            self.calls.append("mem_get_info")
+            return (7.0, 24.0)
+
+    class Torch:
+        cuda = Cuda()
+
+    class Device:
+        def __init__(self, kind):
+            self.type = kind
+
+    assert free_memory(Torch, Device("cuda")) == 7.0 and Torch.cuda.calls == ["empty_cache", "mem_get_info"]
+    assert free_memory(Torch, Device("cpu")) == math.inf

@@ -97,18 +97,45 @@ def test_loss_falls_and_reset_restores_the_fresh_adapter(grid_model, task):
 
 def test_training_plans_its_steps_from_the_budget_and_runs_them_all(grid_model, task):
     """Issue 29: the schedule is planned over the steps that will run (the old loop stopped at its deadline with the
-    cosine still planned for every sequence). The clock ticks one second per reading: the probe takes 1 s."""
+    cosine still planned for every sequence). The clock ticks one second per reading: the warm-up before the
+    process's first probe 1 s (spent from the budget, not counted as step time), the probe 1 s."""
     from submission.grid.model import load_model
 
     config = TTTConfig(rank=4, sequences=16)
     adapter = Adapter(load_model(grid_model, "float32"), config, log=lambda line: None)
     ticks = iter(range(1000))
     sequences = training_sequences(task, config, 2048)
-    report = adapter.train(sequences, budget_s=6, clock=lambda: next(ticks))
+    report = adapter.train(sequences, budget_s=7, clock=lambda: next(ticks))
     assert 0 < report.planned < 16 and report.steps == report.planned == len(report.losses)
-    assert report.planned == plan_steps([len(s.ids) for s in sequences], 6, 1, max(len(s.ids) for s in sequences))
+    assert report.planned == plan_steps([len(s.ids) for s in sequences], 7 - 1, 1, max(len(s.ids) for s in sequences))
+    assert report.why.startswith(f"probe 1.00 s for {max(len(s.ids) for s in sequences)} tokens (after a warm-up): "
+                                 f"{report.planned} of 16 steps fit 6 s")
     assert report.lrs[-1] < 0.2 * config.lr  # the cosine has run down over the steps that ran
     assert max(report.lrs) == pytest.approx(config.lr, rel=0.05)
+
+
+def test_the_first_probe_of_a_process_leaves_its_warm_up_out(grid_model, task):
+    """Issue 45: the first pass in a process pays CUDA's one-time costs; timed as the probe they cut the first task's
+    training. Here that first pass takes 50 s on the clock and the probe 1 s: the plan is the probe's (in the 10 s
+    left of 60), and a later task's probe has no warm-up before it."""
+    import itertools
+
+    from submission.grid.model import load_model
+
+    config = TTTConfig(rank=4, sequences=16)
+    lines: list[str] = []
+    adapter = Adapter(load_model(grid_model, "float32"), config, log=lines.append)
+    sequences = training_sequences(task, config, 2048)
+    lengths, longest = [len(s.ids) for s in sequences], max(len(s.ids) for s in sequences)
+    readings = itertools.chain([0.0, 50.0, 51.0], itertools.repeat(51.0))
+    report = adapter.train(sequences, budget_s=60, clock=lambda: next(readings))
+    assert report.planned == plan_steps(lengths, 10, 1, longest) > plan_steps(lengths, 60, 50, longest)
+    assert "(after a warm-up)" in lines[-1]
+    adapter.reset()
+    readings = itertools.chain([100.0, 100.0, 101.0], itertools.repeat(101.0))
+    assert adapter.train(sequences, budget_s=10, clock=lambda: next(readings)).planned == plan_steps(
+        lengths, 10, 1, longest)
+    assert "warm-up" not in lines[-1]
 
 
 def test_plan_steps_counts_what_fits_scaled_from_the_probe():

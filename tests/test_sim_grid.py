@@ -49,6 +49,8 @@ def test_the_deadline_decides_how_many_tasks_are_answered(tasks):
     # 4 workers x (3 h - 7 min) at >= 517 s x 0.9 per task: at most ~93 tasks
     assert profile.run.min_task_s == 517.0
     assert 0 < tight.answered <= 4 * (3 * 3600 - 420) / (517.0 * 0.9) + 4
+    # issue 45: the forecast gives every task its full training when the run affords it, and only then
+    assert roomy.short_training == 0 and tight.short_training > 0
 
 
 def test_command_line(tasks, tmp_path, capsys, arc_data):
@@ -60,6 +62,7 @@ def test_command_line(tasks, tmp_path, capsys, arc_data):
                  "--hidden-tasks", "24", "--runs", "5"]) == 0
     out = capsys.readouterr().out
     assert "forecast score" in out and "answered by the deadline 24.0 of 24" in out and "ttt 800.0" in out
+    assert "training cut short by the forecast (fewer steps than sequences may run) in 0.0 of them" in out
 
 
 def _both_logs(tasks):
@@ -175,6 +178,7 @@ def test_the_l4_budget_gives_every_hidden_task_a_turn(arc_data):
     logged = [LoggedTask(t.id, task_cost(t), 1.0, 1.0, {})
               for t in load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks]
     profile = load_grid_profile("grid-4b-4xL4")
-    assert one_run(logged, profile, 240, random.Random(0)).answered == 240
+    full = one_run(logged, profile, 240, random.Random(0))
+    assert full.answered == 240 and full.short_training == 0  # and every one trains all its steps (issue 45)
     study = replace(profile, run=replace(profile.run, min_task_s=1200.0, size_tokens=(), task_s=(), ttt_s=()))
     assert one_run(logged, study, 240, random.Random(0)).answered < 150

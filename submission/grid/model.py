@@ -5,12 +5,19 @@ The search's caches are preallocated (`_Preallocated`): transformers' DynamicLay
 a copy of the whole cache per token, per layer; the search writes the token into its slot and crops by shortening a
 view (issue 29).
 
+The lockstep search's decode steps attend without copying the cache (`grouped_decode_attention`, issue 45): with an
+attention mask (its rows' masked slots), transformers' SDPA path repeats every key and value head for grouped-query
+attention (`repeat_kv`, sdpa_attention.py's `use_gqa_in_sdpa` is False whenever a mask is given on CUDA), a copy of
+the whole cache per layer per step, 4x the cache at Qwen3-4B's 32 query / 8 KV heads. One decode token's query heads
+are instead grouped by the KV head they share and attend as that head's queries: the same attention, no copy.
+
 Torch and transformers are imported here only (this module is imported in the worker processes), so the policy
 modules (format, dfs, rescore, queue) stay importable and testable without them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 from collections.abc import Callable, Sequence
@@ -18,8 +25,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import DynamicCache
+from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from submission.grid.config import ModelConfig
 from submission.grid.format import PAD, VOCAB
@@ -184,10 +193,14 @@ class HFBatchStepper:
     slots cost attention and memory only; once `slack` of them lie beyond the longest row the cache is compacted
     (each row's slots gathered to the front). A finished row is dropped with `batch_select_indices`, as beam search
     drops beams. With `together` the prompts are prefilled in one model call (`search.preload`), else one at a time
-    (one prompt's activations and cache beside the batch's cache at a time)."""
+    (one prompt's activations and cache beside the batch's cache at a time). Each step attends without copying the
+    cache (`grouped_decode_attention`; `grouped=False`: transformers' SDPA path, which repeats the KV heads, kept for
+    benchmarks/grid_search.py's comparison)."""
 
-    def __init__(self, model, together: bool = False, slack: int = 64, room: int = ANSWER_ROOM):
+    def __init__(self, model, together: bool = False, slack: int = 64, room: int = ANSWER_ROOM,
+                 grouped: bool = True):
         self.model = model
+        self.grouped = _Grouped(model) if grouped else contextlib.nullcontext()
         self.device = next(model.parameters()).device
         self.together, self.slack, self.room = together, slack, room
         if any(type(layer) is not DynamicLayer for layer in DynamicCache(config=model.config).layers):
@@ -242,8 +255,9 @@ class HFBatchStepper:
         self.mask = torch.cat([self.mask, self.mask.new_ones((len(moves), 1))], 1)
         ids = torch.tensor([[token] for _, _, token in moves], device=self.device)
         positions = torch.tensor([[length] for _, length, _ in moves], device=self.device)
-        logits = self.model(input_ids=ids, attention_mask=self.mask, position_ids=positions,
-                            past_key_values=self.cache, use_cache=True).logits[:, -1]
+        with self.grouped:
+            logits = self.model(input_ids=ids, attention_mask=self.mask, position_ids=positions,
+                                past_key_values=self.cache, use_cache=True).logits[:, -1]
         for path in self.paths:
             path.append(slot)
         if slot + 1 - max(n + len(path) for n, path in zip(self.prompt_len, self.paths)) >= self.slack:
@@ -264,6 +278,45 @@ class HFBatchStepper:
         self.mask = (torch.arange(width, device=self.device)
                      < torch.tensor(lengths, device=self.device)[:, None]).long()
         self.paths = [list(range(n, m)) for n, m in zip(self.prompt_len, lengths)]
+
+
+GROUPED = "grid_grouped_sdpa"  # the attention implementation HFBatchStepper decodes with
+
+
+def grouped_decode_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                             is_causal=None, **kwargs):
+    """transformers' SDPA attention, except for one decode token with a mask and grouped KV heads: query head
+    `kv * groups + g` (repeat_kv's order) attends to KV head `kv`, so the (batch, heads, 1, dim) query is regrouped to
+    (batch, kv heads, groups, dim) and attends to the cache's own keys and values, the (batch, 1, 1, slots) mask
+    broadcast over the groups. SDPA sees plain attention with as many queries as groups: no KV copy, and no reliance
+    on any kernel's grouped-query support (a masked `enable_gqa` falls back to a kernel that copies too)."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    if query.shape[2] != 1 or attention_mask is None or groups == 1 or kwargs.get("position_bias") is not None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    batch, heads, _, dim = query.shape
+    grouped = query.reshape(batch, key.shape[1], groups, dim)
+    out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask,
+                                                           dropout_p=dropout, scale=scaling)
+    return out.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
+
+
+class _Grouped:
+    """While active, `model` attends with `grouped_decode_attention` (its masks built as SDPA's) if it attends with
+    SDPA; any other implementation is left alone."""
+
+    def __init__(self, model):
+        self.config = model.config
+        AttentionInterface.register(GROUPED, grouped_decode_attention)
+        AttentionMaskInterface.register(GROUPED, sdpa_mask)
+
+    def __enter__(self):
+        self.was = self.config._attn_implementation
+        if self.was == "sdpa":
+            self.config._attn_implementation = GROUPED
+
+    def __exit__(self, *exc):
+        self.config._attn_implementation = self.was
 
 
 class _Preallocated(DynamicLayer):

@@ -1,8 +1,9 @@
 """One task on one worker: test-time training, then the search under 16 views per test input, then the rescoring.
 
-The task's time limit is split as the study did: training takes at most `ttt.share` of it (the steps that fit are
-planned before it starts and all run: submission.grid.ttt); of the rest,
-`rescore.share` is kept for the rescoring and the search has the remainder. The search runs in batches of views
+The task's training runs all its steps within the task's whole limit when the run's forecast affords them (`plan`,
+queue.TrainingPlan: NVARC always trains 128 steps), else in at most `ttt.share` of the limit (the steps that fit are
+planned before it starts and all run: submission.grid.ttt); the outcome says how many ran and why fewer. Of the time
+left, `rescore.share` is kept for the rescoring and the search has the remainder. The search runs in batches of views
 (`search.views_per_batch`) taken in turn across the task's test inputs, as NVARC does (`search_order`): every input
 has half its views searched before any has the rest, so a deadline leaves every input an answer. Each batch may
 run `search.batch_s` at most and no more than an equal part of the search time still left, so one slow batch cannot
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from submission.grid.config import GridProfile
 from submission.grid.dfs import SearchResult, greedy, search, search_batch
 from submission.grid.format import KIT16, GridFormat, answer_ids, decode_grid, encode
+from submission.grid.queue import TrainingPlan
 from submission.grid.rescore import Candidate, rescore, rescoring_views, search_views
 from submission.grid.ttt import Adapter, training_sequences
 from submission.grids import Grid
@@ -56,6 +58,8 @@ class TaskOutcome:
     ttt_checkpointing: bool = False  # the training's (TTTReport's): checkpointing on at its end
     ttt_oom_retries: int = 0
     ttt_skipped: int = 0  # steps whose sequence did not fit even with checkpointing
+    ttt_sequences: int = 0  # the task's training sequences: the steps a full training runs
+    ttt_why: str = ""  # the training plan's forecast, and why fewer steps were planned than sequences if so
 
 
 def search_order(inputs: int, views: int, per_batch: int) -> list[tuple[int, int]]:
@@ -83,9 +87,10 @@ def _alone(stepper, prompt, guess, profile: GridProfile, deadline: float, clock,
 def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int, time_limit: float,
                clock: Callable[[], float] = time.monotonic,
                log: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
-               fmt: GridFormat = KIT16) -> TaskOutcome:
+               fmt: GridFormat = KIT16, plan: TrainingPlan | None = None) -> TaskOutcome:
     """`fmt`: the checkpoint's format (read_format of profile.model), which every prompt, training sequence, search
-    and rescoring goes through."""
+    and rescoring goes through. `plan`: the queue's training plan for this task (None: `ttt.share` of the limit, as a
+    plan that is not full)."""
     from submission.grid.model import (HFBatchStepper, HFStepper, OutOfMemory, answer_nlls,  # torch: workers only
                                        release, split_on_oom)
 
@@ -94,8 +99,11 @@ def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int,
     seed, config = profile.rescore.seed, profile.search
     sequences = training_sequences(task, profile.ttt, max_len, seed, fmt)
     adapter.reset()
-    report = adapter.train(sequences, profile.ttt.share * time_limit, clock,
+    full = plan is not None and plan.full
+    report = adapter.train(sequences, time_limit if full else profile.ttt.share * time_limit, clock,
                            log=lambda line: log(f"task {task.id}: {line}"))  # a worker's lines name their task
+    why = "; ".join(w for w in (plan.why if plan else "no plan: the training's share of the limit", report.why) if w)
+    log(f"task {task.id}: ttt planned {report.planned} and trained {report.steps} of {len(sequences)} steps ({why})")
     model = adapter.model
     stepper = HFStepper(model, profile.run.answer_room)
     prompt_len = max_len - profile.run.answer_room
@@ -186,4 +194,4 @@ def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int,
         stage["rescore"] += clock() - t2
         out.append(rescored.candidates)
     return TaskOutcome(task.id, tuple(out), dict(stage), report.steps, report.planned, report.losses, steps,
-                       complete, report.checkpointing, report.oom_retries, report.skipped)
+                       complete, report.checkpointing, report.oom_retries, report.skipped, len(sequences), why)

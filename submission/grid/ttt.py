@@ -14,10 +14,14 @@ NVARC trains): PEFT's default upcasts them to fp32, 1.4x slower on an L4.
 
 Training is never cut mid-schedule: before the first step one forward and backward pass of the longest sequence is
 timed (the probe), the steps that fit the budget are counted from it (`plan_steps`), and the cosine schedule is
-planned over those. Gradient checkpointing is on only when the longest sequence's activations would not fit the free
-memory (`use_checkpointing`, logged). A CUDA out-of-memory error in a step clears the gradients, turns checkpointing
-on and retries that step (one that fails again is skipped, the schedule still advancing); the steps already
-taken are kept.
+planned over those. The budget comes from the whole run (queue.TrainingPlan): every step, within the task's whole
+limit, unless the forecast says the run cannot afford it. A process's first probe is preceded by an untimed pass of
+the same sequence (issue 45): CUDA's one-time costs (kernel loading, library handles, the allocator's first blocks)
+would otherwise read as step time and cut the first task's training. Gradient checkpointing is on only when the
+longest sequence's activations would not fit the free memory (`use_checkpointing`, logged): free as read after the
+allocator's cached blocks are given back, less the gradients and AdamW state that training is about to allocate. A
+CUDA out-of-memory error in a step clears the gradients, turns checkpointing on and retries that step (one that
+fails again is skipped, the schedule still advancing); the steps already taken are kept.
 """
 
 from __future__ import annotations
@@ -90,16 +94,34 @@ def activation_bytes_per_token(layers: int, hidden: int, intermediate: int, rank
     return layers * (20 * hidden + 4 * intermediate + 7 * rank) * dtype_bytes + vocab * (dtype_bytes + 8)
 
 
+def training_state_bytes(trainable: int, dtype_bytes: int) -> int:
+    """What training allocates beside the activations for `trainable` parameters: their gradients and AdamW's two
+    moments, each in the parameters' dtype (the adapter's, as torch's AdamW keeps its state). Pure."""
+    return 3 * trainable * dtype_bytes
+
+
 def use_checkpointing(mode: str, longest: int, per_token_bytes: int, free_bytes: float,
-                      memory_share: float) -> tuple[bool, str]:
-    """Whether to checkpoint a task's training, and why (the log line). Pure."""
+                      memory_share: float, state_bytes: int = 0) -> tuple[bool, str]:
+    """Whether to checkpoint a task's training, and why (the log line). `free_bytes`: free now, before training;
+    `state_bytes`: what training will allocate besides activations (`training_state_bytes`), taken from it. Pure."""
     if mode != "auto":
         return mode == "on", f"ttt.checkpointing = {mode}"
     need = longest * per_token_bytes
-    fits = need <= memory_share * free_bytes
+    room = free_bytes - state_bytes
+    fits = need <= memory_share * room
     return not fits, (f"longest sequence {longest} tokens needs ~{need / 2**30:.2f} GiB of activations, "
-                      f"{memory_share:.0%} of {free_bytes / 2**30:.2f} GiB free: checkpointing "
+                      f"{memory_share:.0%} of {room / 2**30:.2f} GiB free ({free_bytes / 2**30:.2f} GiB less "
+                      f"{state_bytes / 2**30:.2f} GiB of gradients and optimiser state): checkpointing "
                       f"{'off' if fits else 'on'}")
+
+
+def free_memory(torch, device) -> float:
+    """Free memory on `device` once the allocator's cached blocks are given back (mem_get_info counts them as
+    used); a CPU's is not measured (host memory, no checkpointing needed)."""
+    if device.type != "cuda":
+        return math.inf
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info(device)[0]
 
 
 def plan_steps(lengths: Sequence[int], budget_s: float, probe_s: float, probe_len: int) -> int:
@@ -127,6 +149,7 @@ class TTTReport:
     oom_retries: int = 0
     skipped: int = 0  # steps whose sequence did not fit even with checkpointing (the schedule still advanced)
     lrs: tuple[float, ...] = ()  # each step's learning rate: the schedule ends at the last step that ran
+    why: str = ""  # why fewer steps were planned than there are sequences ("" when all were)
 
 
 class Adapter:
@@ -150,6 +173,7 @@ class Adapter:
                               task_type="CAUSAL_LM")
             self.model = get_peft_model(model, lora, autocast_adapter_dtype=False)
         self.checkpointing = False
+        self.warm = False  # a pass has run in this process: CUDA's one-time costs are paid
         self.start = {  # the adapter's weights every task starts from
             k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
 
@@ -177,9 +201,13 @@ class Adapter:
                                           c.vocab_size, dtype_bytes)
 
     def free_bytes(self) -> float:
-        """Free memory on the model's device; a CPU's is not measured (host memory, no checkpointing needed)."""
-        device = next(self.model.parameters()).device
-        return self._torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else math.inf
+        """Free memory on the model's device (`free_memory`)."""
+        return free_memory(self._torch, next(self.model.parameters()).device)
+
+    def state_bytes(self) -> int:
+        """The gradients and optimiser state training allocates (`training_state_bytes`); none exist before it."""
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        return training_state_bytes(sum(p.numel() for p in trainable), trainable[0].element_size() if trainable else 0)
 
     def _backward(self, encoded: Encoded, log: Callable[[str], None]):
         """One forward and backward pass: (loss, out-of-memory retries), loss None when skipped. On a CUDA
@@ -220,21 +248,31 @@ class Adapter:
         log = log or self.log
         start = clock()
         longest = max(sequences, key=lambda e: len(e.ids))
+        self.model.zero_grad(set_to_none=True)  # none left from before: the state counted below is all to come
         on, why = use_checkpointing(self.config.checkpointing, len(longest.ids), self.per_token_bytes(),
-                                    self.free_bytes() if free_bytes is None else free_bytes, self.config.memory_share)
+                                    self.free_bytes() if free_bytes is None else free_bytes, self.config.memory_share,
+                                    self.state_bytes())
         log(f"ttt: {why}")
         self.set_checkpointing(on)
         self.model.train()
         retries = 0
-        planned = len(sequences)
+        planned, fewer = len(sequences), ""
         if not math.isinf(budget_s):  # the probe: one timed pass of the longest sequence, its gradients dropped
+            if not self.warm:  # the process's first pass pays CUDA's one-time costs: untimed
+                retries += self._backward(longest, log)[1]
+                self.model.zero_grad(set_to_none=True)
+            probe_start = clock()
             _, retried = self._backward(longest, log)
             retries += retried
             self.model.zero_grad(set_to_none=True)
-            probe_s = clock() - start
-            planned = plan_steps([len(e.ids) for e in sequences], budget_s, probe_s, len(longest.ids))
-            log(f"ttt: probe {probe_s:.2f} s for {len(longest.ids)} tokens: {planned} of {len(sequences)} "
-                f"steps fit {budget_s:.0f} s")
+            probe_s = clock() - probe_start
+            left = budget_s - (probe_start - start)
+            planned = plan_steps([len(e.ids) for e in sequences], left, probe_s, len(longest.ids))
+            line = (f"probe {probe_s:.2f} s for {len(longest.ids)} tokens{'' if self.warm else ' (after a warm-up)'}"
+                    f": {planned} of {len(sequences)} steps fit {left:.0f} s")
+            fewer = line if planned < len(sequences) else ""
+            log(f"ttt: {line}")
+        self.warm = True
         params = [p for p in self.model.parameters() if p.requires_grad]
         optimiser = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=0.0)
         schedule = get_cosine_schedule_with_warmup(optimiser, math.ceil(self.config.warmup * planned), planned)
@@ -254,4 +292,4 @@ class Adapter:
             optimiser.zero_grad(set_to_none=True)
         self.model.eval()
         return TTTReport(planned, len(lrs), tuple(losses), clock() - start, self.checkpointing, retries, skipped,
-                         tuple(lrs))
+                         tuple(lrs), fewer)

@@ -7,8 +7,10 @@ held for ever and every other worker's reports stuck behind it; a private pipe o
 message, which reads as end of file. The coordinator is the only writer: it appends each task's records to the
 attempt log and rewrites the answer file atomically after every task. It watches the workers: a process that dies
 (killed, out of memory) or overruns its task's limit by more than `GRACE_S` is killed and its task goes back to the
-front of the queue for another worker (once); the process is started afresh on its device up to `run.respawns`
-times, then that worker is retired; a worker that fails `run.max_failures` tasks in a row is told to exit.
+front of the queue for another worker (once); a worker that fails `run.max_failures` tasks in a row (a sticky CUDA
+error fails every later task of its process) is killed too, its failed tasks already back in the queue. Either way
+the process is started afresh on its device (a new CUDA context) up to `run.respawns` times, then that worker is
+retired (queue.TaskQueue decides).
 A worker whose coordinator is gone exits when idle. No task starts after `run.stop_new`; at the hard stop (or on
 `stop`: SIGTERM) every worker is terminated and the answers so far stand.
 
@@ -72,7 +74,8 @@ def pinned(target: Callable, visible: str | None, worker: int, profile: GridProf
 
 
 def worker_main(worker: int, profile: GridProfile, inbox, report: Connection) -> None:
-    """A worker process: load once, then solve tasks from `inbox` until told to stop (None) or orphaned."""
+    """A worker process: load once, then solve tasks from `inbox` until told to stop (None) or orphaned. A task
+    comes as (task, time limit, queue.TrainingPlan)."""
     import torch
 
     from submission.grid.format import read_format
@@ -105,13 +108,14 @@ def worker_main(worker: int, profile: GridProfile, inbox, report: Connection) ->
             continue
         if message is None:
             return
-        task, limit = message
+        task, limit, plan = message
         send("started", task.id, None)
         # the task's training share by its size (run.ttt_s), handed to solve_task as its ttt.share
         shaped = replace(profile, ttt=replace(profile.ttt, share=profile.run.ttt_share(task_cost(task),
                                                                                         profile.ttt.share)))
         try:
-            send("done", task.id, solve_task(adapter, task, shaped, profile.run.context(worker), limit, fmt=fmt))
+            send("done", task.id, solve_task(adapter, task, shaped, profile.run.context(worker), limit, fmt=fmt,
+                                             plan=plan))
         except Exception as err:  # noqa: BLE001 - one task's failure is reported, the worker goes on
             send("failed", task.id, f"{type(err).__name__}: {err}")
 
@@ -132,15 +136,17 @@ def receive(reports: dict[Connection, int], timeout: float) -> list[tuple]:
 def records(outcome: TaskOutcome, worker: int, limit: float, started_s: float, finished_s: float,
             seed: int) -> list[AttemptRecord]:
     """The log lines of one finished task: per test input, attempts 1 and 2; attempt 1 carries every candidate
-    with its hits, NLL and score, the seconds by stage and the training's report (steps planned and run, the
-    checkpointing decision, out-of-memory retries, skipped steps, first and last loss) and the search's steps."""
+    with its hits, NLL and score, the seconds by stage and the training's report (its sequences, the steps planned
+    and run and why fewer, the checkpointing decision, out-of-memory retries, skipped steps, first and last loss) and
+    the search's steps."""
     out = []
     for index, candidates in enumerate(outcome.candidates):
         first, second = choose(candidates)
         detail = GridDetail(worker, limit, outcome.stage_s, outcome.ttt_steps, outcome.ttt_planned,
                             outcome.ttt_checkpointing, outcome.ttt_oom_retries, outcome.ttt_skipped,
                             (outcome.ttt_losses[0], outcome.ttt_losses[-1]) if outcome.ttt_losses else (),
-                            outcome.search_steps, outcome.complete, tuple(c.to_json() for c in candidates))
+                            outcome.search_steps, outcome.complete, tuple(c.to_json() for c in candidates),
+                            ttt_sequences=outcome.ttt_sequences, ttt_why=outcome.ttt_why)
         for attempt, grid in ((1, first), (2, second)):
             out.append(AttemptRecord(outcome.task_id, index, attempt, Level(attempt - 1), seed, 0,
                                      grid=grid if candidates else None,
@@ -181,7 +187,7 @@ class Coordinator:
         restored = set(self.stats.restored)
         costs = {t.id: task_cost(t) for t in tasks.tasks if t.id not in restored}
         self.queue = TaskQueue(costs, run.min_task_s, run.max_task_s, run.max_failures, respawns=run.respawns,
-                               needs={t: run.task_need(c) for t, c in costs.items()})
+                               needs={t: run.task_need(c) for t, c in costs.items()} if run.task_s else {})
 
     def stop(self, reason: str) -> None:
         """End the run early, as at the hard stop (a signal handler calls it): the loop sees it within 0.2 s."""
@@ -220,6 +226,22 @@ class Coordinator:
         sender.close()  # the worker holds the only write end: its death reads as end of file here
         reports[reader] = w
 
+    def replace(self, w: int, processes: list, reports: dict, ready: set, gone: set, spawn: Callable[[], None]) -> None:
+        """Worker `w`'s process ends (killed if still alive) and its pipe is dropped; `spawn` starts a new one on its
+        device unless the queue retired the worker."""
+        if processes[w].is_alive():
+            processes[w].kill()
+        processes[w].join()
+        ready.discard(w)
+        for reader in [r for r, owner in reports.items() if owner == w]:
+            del reports[reader]
+            reader.close()
+        if w in self.queue.retired:
+            gone.add(w)
+        else:
+            self.stats.respawned.append(w)
+            spawn()
+
     def run(self) -> RunStats:
         run = self.profile.run
         if not self.queue.pending:  # everything restored: no worker needs to load the model
@@ -245,15 +267,18 @@ class Coordinator:
                     nxt = self.queue.next(w, self.clock(), run.stop_new, run.hard_stop, len(live))
                     if nxt is not None:
                         busy[w] = (nxt[0], self.clock(), nxt[1])
-                        inboxes[w].put((self.by_id[nxt[0]], nxt[1]))
+                        inboxes[w].put((self.by_id[nxt[0]], nxt[1], self.queue.plans[nxt[0]]))
                 if not busy and (not self.queue.pending or not live or self.clock() >= run.stop_new):
                     break
                 for kind, w, task_id, payload in receive(reports, timeout=0.2):
                     if w in gone:  # retired for good: what it still says changes nothing
                         continue
-                    self._event(kind, w, task_id, payload, busy, ready, gone, processes[w])
-                    if kind == "failed" and w in self.queue.retired:
-                        inboxes[w].put(None)
+                    if self._event(kind, w, task_id, payload, busy, ready, gone, processes[w]):
+                        # failing task after task: its process goes, a new one on its device if restarts are left
+                        print(f"worker {w} failed {run.max_failures} tasks in a row: "
+                              f"{'restarting it' if w not in self.queue.retired else 'retired'}", file=sys.stderr)
+                        self.replace(w, processes, reports, ready, gone, lambda: self.spawn(
+                            w, context, inboxes, processes, reports))
                 open_pipes = set(reports.values())
                 for w, process in enumerate(processes):  # dead or stuck workers give their task back
                     if w in gone:
@@ -261,27 +286,14 @@ class Coordinator:
                     stuck = w in busy and self.clock() > busy[w][1] + busy[w][2] + GRACE_S
                     dead = not process.is_alive() and w not in open_pipes  # its last reports are read first
                     if dead or stuck:
-                        if stuck:
-                            process.kill()
-                            process.join()
-                        ready.discard(w)
                         task = busy.pop(w, (None,))[0]
-                        if w in self.queue.retired and task is None:
-                            gone.add(w)
-                            continue  # a retired worker that exited as told
                         self.stats.lost.append((w, task))
                         again = self.queue.lost(w, task)
                         print(f"worker {w} {'stuck' if stuck else 'died'}"
                               f"{f' on task {task}: it goes back to the queue' if task else ''}"
                               f"{f'; restarting it on {run.devices[w]}' if again else ''}", file=sys.stderr)
-                        for reader in [r for r, owner in reports.items() if owner == w]:
-                            del reports[reader]
-                            reader.close()
-                        if again:
-                            self.stats.respawned.append(w)
-                            self.spawn(w, context, inboxes, processes, reports)
-                        else:
-                            gone.add(w)
+                        self.replace(w, processes, reports, ready, gone, lambda: self.spawn(
+                            w, context, inboxes, processes, reports))
         finally:  # idle workers are told to stop; busy ones are past the hard stop or the queue's end: killed
             for w, inbox in enumerate(inboxes):
                 if w in busy:
@@ -300,7 +312,8 @@ class Coordinator:
         return self.stats
 
     def _event(self, kind: str, w: int, task_id: str | None, payload, busy: dict, ready: set, gone: set,
-               process) -> None:
+               process) -> bool:
+        """Act on one worker message; True when the worker's process must be replaced (`TaskQueue.failed`)."""
         if self.on_event is not None:
             self.on_event(kind, w, task_id, process)
         if kind == "ready":
@@ -313,7 +326,7 @@ class Coordinator:
             busy.pop(w, None)
             self.stats.failed.append((task_id, payload))
             print(f"task {task_id} failed on worker {w}: {payload}", file=sys.stderr)
-            self.queue.failed(w, task_id)
+            return self.queue.failed(w, task_id)
         elif kind == "done":
             _, started, limit = busy.pop(w)
             self.queue.done(w, task_id)
@@ -329,3 +342,4 @@ class Coordinator:
                                         (first.grid or EMPTY_ANSWER, record.grid or EMPTY_ANSWER))
             print(f"task {task_id}: worker {w}, {self.clock() - started:.1f} s of {limit:.0f} "
                   f"({len(self.stats.done)}/{len(self.by_id)} done)", file=sys.stderr)
+        return False
