@@ -65,7 +65,7 @@ test: engine-env build-env unsloth-env vllm-gpu-wheel
 	    tests/test_kaggle_upload.py tests/test_kaggle_rehearsal.py
 	$(BPY) -m pytest -q tests/test_grid_ttt.py tests/test_grid_oom.py tests/test_grid_workers.py tests/test_grid_nvarc.py \
 	    tests/test_grid_tune.py tests/test_grid_resume.py tests/test_grid_both.py tests/test_corpus_mix.py \
-	    tests/test_corpus_ray.py tests/test_benchmarks.py
+	    tests/test_corpus_ray.py tests/test_benchmarks.py tests/test_grid_learns.py
 	$(UPY) -m pytest -q tests/test_rft.py tests/test_grid_tune.py tests/test_grid_ttt.py -k unsloth
 
 # The Kaggle rehearsal (tests/test_kaggle_rehearsal.py, also in make test): the CPU bundle uploaded by the real Kaggle
