@@ -72,9 +72,13 @@ def _right(outcome: TaskOutcome, task: Task) -> tuple[bool, bool]:
     return first == task.test_outputs[0], second == task.test_outputs[0]
 
 
-def test_training_search_and_rescoring_answer_a_task_the_untrained_model_cannot(grid_model):
+@pytest.fixture(scope="module")
+def trained(grid_model) -> TaskOutcome:
+    return _solve(grid_model, majority_task())
+
+
+def test_training_search_and_rescoring_answer_a_task_the_untrained_model_cannot(grid_model, trained):
     task = majority_task()
-    trained = _solve(grid_model, task)
     assert trained.ttt_steps == STEPS and trained.complete
     losses = trained.ttt_losses
     assert sum(losses[-16:]) < 0.25 * sum(losses[:16]), losses  # measured: ~0.1 of the first steps' mean
@@ -103,11 +107,10 @@ def test_a_loss_on_the_wrong_tokens_learns_nothing_of_the_answer(grid_model, mon
     assert _right(outcome, task) == (False, False)
 
 
-def test_the_unseeded_search_finds_the_same_answers_at_more_model_steps(grid_model):
+def test_the_unseeded_search_finds_the_same_answers_at_more_model_steps(grid_model, trained):
     """search.guess = false (benchmarks/grid_learn.py's unseeded variant): no view is seeded with the best answer so
     far, so the answer's path is decoded token by token in every view; the candidates are the seeded run's."""
-    task = majority_task()
-    seeded, unseeded = _solve(grid_model, task), _solve(grid_model, task, guess=False)
+    seeded, unseeded = trained, _solve(grid_model, majority_task(), guess=False)
     assert [(c.grid, c.hits) for c in unseeded.candidates[0]] == [(c.grid, c.hits) for c in seeded.candidates[0]]
     assert unseeded.search_steps > seeded.search_steps
 
