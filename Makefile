@@ -23,7 +23,7 @@ UPY       := $(UNSLOTH_VENV)/bin/python
 export ARC_DATA
 
 .PHONY: env engine-env build-env unsloth-env vllm-gpu-wheel grid-dry-run both-dry-run prune-demo wheels bundle kaggle-rehearsal train-rft train-grid \
-	test test-core conformance dry-run simulate demo corpus-demo corpus-sample bench clean
+	test test-core conformance dry-run simulate demo corpus-demo corpus-sample bench grid-learn clean
 
 env: $(VENV)/.installed
 
@@ -68,7 +68,7 @@ test: engine-env build-env unsloth-env vllm-gpu-wheel
 	    tests/test_kaggle_upload.py tests/test_kaggle_rehearsal.py tests/test_dense_qwen3_5.py
 	$(BPY) -m pytest -q tests/test_grid_ttt.py tests/test_grid_oom.py tests/test_grid_workers.py tests/test_grid_nvarc.py \
 	    tests/test_grid_tune.py tests/test_grid_resume.py tests/test_grid_both.py tests/test_corpus_mix.py \
-	    tests/test_corpus_ray.py tests/test_benchmarks.py
+	    tests/test_corpus_ray.py tests/test_benchmarks.py tests/test_grid_learns.py
 	$(UPY) -m pytest -q tests/test_rft.py tests/test_grid_tune.py tests/test_grid_ttt.py -k unsloth
 
 # The Kaggle rehearsal (tests/test_kaggle_rehearsal.py, also in make test): the CPU bundle uploaded by the real Kaggle
@@ -259,6 +259,15 @@ corpus-sample: build-env
 	rm -rf $(CORPUS_SAMPLE)/sample
 	$(BPY) -m training.corpus.curriculum sample --corpus $(CORPUS_SAMPLE)/corpus --out $(CORPUS_SAMPLE)/sample --tasks 200
 	$(BPY) -m training.corpus.curriculum check $(CORPUS_SAMPLE)/sample
+
+# The grid line learns at CPU scale (issue 45 section 5; benchmarks/grid_learn.py, not in CI or make bench: minutes to
+# half an hour on 2 cores): a tiny kit16 model pre-trained from random weights by training.grid_tune on a small corpus
+# and ARC-AGI-1 training, then submission.main on held-out panels under four variants (no TTT, TTT, TTT + rescoring,
+# unseeded search), scored; fails when the task's training adds no right answer. GRID_LEARN_ARGS grows it
+# (e.g. --steps 3000 --eval-tasks 20 --task-s 60); benchmarks/RESULTS.md has the recorded run and its command.
+GRID_LEARN_ARGS ?=
+grid-learn: build-env
+	$(BPY) benchmarks/grid_learn.py --out $(OUT)/grid-learn $(GRID_LEARN_ARGS)
 
 # Every benchmark runs (each prints its ratios and targets); the verb fails at the end if any missed a target.
 MISSED = $(OUT)/bench-missed.txt

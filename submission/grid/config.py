@@ -66,6 +66,7 @@ class SearchConfig:
     max_side: int = 30  # the grammar's bound on rows and columns
     preload: bool = False  # prefill a batch's (or a dfs_batch group's) prompts in one model call
     dfs_batch: int = 1  # views of a batch searched in lockstep, one model call per step for all; 1 = view by view
+    guess: bool = True  # seed each view with its input's best answer so far (dfs.search's guess); false: unseeded
 
     def __post_init__(self) -> None:
         if not 0 < self.cutoff <= 1:

@@ -10,7 +10,8 @@ run `search.batch_s` at most and no more than an equal part of the search time s
 starve the others. Within a batch, `search.dfs_batch` views at a time walk their trees in lockstep, one model call
 per step for all of them (1: one view after the other); `search.preload` prefills the prompts searched together
 (the whole batch when dfs_batch is 1) in one model call. Every view is seeded with its input's best answer so far
-(most hits, then the most probable), mapped into the view: its path costs one prefill (`dfs.search`'s guess).
+(most hits, then the most probable), mapped into the view: its path costs one prefill (`dfs.search`'s guess;
+`search.guess = false` searches unseeded, the same answers at more model steps: benchmarks/grid_learn.py's ablation).
 The rescoring then gives each input an equal part of the time left. At a deadline the search stops where it is
 and the rescoring keeps the views it finished (none: nll 0, ranked by hits); every loop checks its deadline before
 each model call, so a task overruns its limit by at most one forward pass (with dfs_batch > 1, one pass of the
@@ -138,7 +139,7 @@ def solve_task(adapter: Adapter, task: Task, profile: GridProfile, max_len: int,
                 complete = False
                 break
             group = batch[at:at + config.dfs_batch]
-            best = best_answer(hits[index], logps[index])
+            best = best_answer(hits[index], logps[index]) if config.guess else None
             guesses = [answer_ids(view.apply_grid(best), fmt) if best is not None else () for view in group]
             try:
                 if len(group) == 1:
