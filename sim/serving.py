@@ -9,25 +9,37 @@ The engine starts `startup_s` after the run. Fitted from a real run by `sim cali
 step model on the same log; the measured seconds hold the prefills, so none is added.
 
 Cache, as vLLM's v1 scheduler manages it (vllm/v1/core/sched/scheduler.py, kv_cache_manager.py; checked against the
-CPU engine by tests/test_sim_fidelity.py). The cache is `kv_tokens // block_size` blocks. A request of P prompt
-tokens that has generated g tokens needs ceil((P + g + 2k) / block_size) blocks for the step that produces token
-g + 1, k being `draft_tokens` (speculative decoding: the step computes the k drafts it verifies, and vLLM's
-num_lookahead_tokens reserves k more slots for the drafter; 0 without drafts): blocks are taken as it grows, never
-reserved for its cap. Every step, the running requests take their blocks first, oldest first; when one cannot, the
-most recently admitted running request is preempted (recompute): its blocks are freed and it goes back to the front of
-the waiting queue keeping its generated tokens, which it re-prefills (P + g tokens) when it is admitted again.
+CPU engine by tests/test_sim_fidelity.py). The cache is `kv_tokens // block_size` blocks (vLLM's pool less its null
+block). A request of P prompt tokens that has generated g tokens needs ceil((P + g + 2k) / block_size) blocks for
+the step that produces token g + 1, k being `draft_tokens` (speculative decoding: the step computes the k drafts it
+verifies, and vLLM's num_lookahead_tokens reserves k more slots for the drafter; 0 without drafts): blocks are taken
+as it grows, never reserved for its cap. Every step, the running requests take their blocks first, oldest first;
+when one cannot, the most recently admitted running request is preempted (recompute): its blocks are freed and it
+goes back to the front of the waiting queue keeping its generated tokens, which it re-prefills (P + g tokens) when it
+is admitted again (vLLM 0.33: scheduler.py ~960-975 takes self.running[-1]; _preempt_request ~1799-1843 frees its
+blocks, sets num_computed_tokens to 0 and prepends it to the waiting queue).
 Waiting requests are admitted in order while fewer than `max_num_seqs` run and the blocks of their whole context
 (vLLM's scheduler_reserve_full_isl, on by default; `reserve_full_isl = false`: of their first chunk only) and of their
 first chunk plus k look-ahead tokens are free, with `watermark` x the cache left free (vLLM's scheduler watermark, 0
 by default; not applied when nothing else runs); not in a step that preempted.
+A hybrid model (a Qwen3-Next: paged keys and values on its full-attention layers, a fixed Gated DeltaNet state on
+its linear-attention ones) draws both from one pool: each request also holds `state_blocks` blocks from its admission
+to its end (vLLM: one group of linear-attention layers per as many layers as the full-attention group has, 1 +
+num_speculative_tokens blocks a group; sim/vllm_cache.py derives them, and the block size and the pool, from the
+layout, tests/test_sim_vllm_cache.py checks it against vLLM's own allocator). vLLM's log line "KV cache size: N
+tokens" is not the pool: it counts requests at max_model_len with their states (sim.vllm_cache.pool_from_log).
 Chunked prefill: with `max_num_batched_tokens` B (0: no budget), a step schedules at most B tokens: each decoding
 request's 1 + k first (B must exceed max_num_seqs x (1 + k)), then the request being prefilled, then admissions, each
 up to what is left. A request whose context does not fit the budget is admitted with a first chunk and prefilled over
 the next steps while the decodes go on (it makes no token until its last chunk); it holds blocks only for what it has
 prefilled (plus k), so the decodes may take the rest, and, being the newest, it is the first preempted.
-Not modelled: prefix caching (the shipped profiles run without it), vLLM's asynchronous scheduling (a request then
-holds one step more: 1 + k tokens), drafts rejected (a step gives one token per request; the step model's rate holds
-the acceptance), `long_prefill_token_threshold` (off by default).
+Not modelled: prefix caching (the shipped profiles run without it; with it a hybrid model's states follow
+mamba_cache_mode "align", other rules), vLLM's asynchronous scheduling (a request then holds one step more: 1 + k
+tokens; under pipeline parallelism 0.33 runs it), drafts accepted (a step gives one token per request; the step
+model's rate holds the acceptance, so the cache sees the engine's contexts at a given time in fewer, longer steps),
+`long_prefill_token_threshold` (off by default). Assumed, not measured: a serving model's
+pool and state blocks (for moe-4xL4 derived by sim.vllm_cache from its layout, within the stride alignment vLLM adds;
+the study's engine, a vLLM 0.32 fork, logged 2.5% fewer tokens than that derivation gives).
 
 Between two events (an admission, a completion, a preemption) the batch is fixed, so the next event is solved, not
 stepped: after s steps K has grown by n*s, and s steps take s*(a + b*n + c*K) + c*n*s*(s-1)/2; the step at which the
