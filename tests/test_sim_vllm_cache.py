@@ -78,10 +78,10 @@ def test_vllm_sizes_a_hybrid_cache_as_sim_derives_it(tp, drafts, layout):
 @pytest.mark.parametrize("tokens", [1_000, 20_000, 50_000, 70_000, 100_000])
 def test_vllm_admits_as_many_hybrid_requests_as_the_simulator(tokens):
     """64 requests of `tokens` context each offered to vLLM's allocator (the scheduler's call for a request it
-    admits: its context and the drafter's look-ahead) until one does not fit; the simulator, with the serving model
-    sim.vllm_cache derives, admits as many and leaves the same blocks free: attention blocks and 15 state blocks
-    each (1,000 tokens: 64, all of them; 70,000, the long-thinking regime: 26, where the cache alone, without the
-    states, would hold 32)."""
+    admits: its context and the drafter's look-ahead, the whole sequence gated as scheduler_reserve_full_isl does)
+    until one does not fit; the simulator, with the serving model sim.vllm_cache derives, admits as many and leaves
+    the same blocks free: attention blocks and 15 state blocks each (1,000 tokens: 64, all of them; 70,000, the
+    long-thinking regime: 26, where the cache alone, without the states, would hold 32)."""
     from vllm import SamplingParams
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
@@ -95,7 +95,7 @@ def test_vllm_admits_as_many_hybrid_requests_as_the_simulator(tokens):
     admitted = 0
     while admitted < 64:
         request = Request(str(admitted), list(range(tokens)), SamplingParams(max_tokens=2), None)
-        if manager.allocate_slots(request, tokens, num_lookahead_tokens=drafts) is None:
+        if manager.allocate_slots(request, tokens, num_lookahead_tokens=drafts, full_sequence_must_fit=True) is None:
             break
         admitted += 1
     model = ServingModel(1.0, 0.0, 0.0, 0.0, 0.0, cache.kv_tokens, 64, cache.block_size, draft_tokens=drafts,
