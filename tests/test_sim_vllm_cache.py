@@ -1,6 +1,6 @@
 """A hybrid model's KV cache as vLLM itself lays it out and allocates it, against sim.vllm_cache and sim.serving.
 
-vLLM's CPU build (0.32; the same source as the locked 0.33 wheel's at the places sim/vllm_cache.py names) runs its own
+vLLM's CPU build (0.32; the same rules as the locked 0.33 wheel's at the places sim/vllm_cache.py names) runs its own
 grouping and sizing (`get_kv_cache_configs`, with every pipeline stage's layer specs, the drafter's on the last) and
 its own allocator (`KVCacheManager.allocate_slots`) on the moe-4xL4 model's layer specs at their real sizes: no model,
 no GPU. The serving model built from sim.vllm_cache must admit the same requests and leave the same blocks free.
