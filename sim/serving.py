@@ -9,25 +9,37 @@ The engine starts `startup_s` after the run. Fitted from a real run by `sim cali
 step model on the same log; the measured seconds hold the prefills, so none is added.
 
 Cache, as vLLM's v1 scheduler manages it (vllm/v1/core/sched/scheduler.py, kv_cache_manager.py; checked against the
-CPU engine by tests/test_sim_fidelity.py). The cache is `kv_tokens // block_size` blocks. A request of P prompt
-tokens that has generated g tokens needs ceil((P + g + 2k) / block_size) blocks for the step that produces token
-g + 1, k being `draft_tokens` (speculative decoding: the step computes the k drafts it verifies, and vLLM's
-num_lookahead_tokens reserves k more slots for the drafter; 0 without drafts): blocks are taken as it grows, never
-reserved for its cap. Every step, the running requests take their blocks first, oldest first; when one cannot, the
-most recently admitted running request is preempted (recompute): its blocks are freed and it goes back to the front of
-the waiting queue keeping its generated tokens, which it re-prefills (P + g tokens) when it is admitted again.
+CPU engine by tests/test_sim_fidelity.py). The cache is `kv_tokens // block_size` blocks (vLLM's pool less its null
+block). A request of P prompt tokens that has generated g tokens needs ceil((P + g + 2k) / block_size) blocks for
+the step that produces token g + 1, k being `draft_tokens` (speculative decoding: the step computes the k drafts it
+verifies, and vLLM's num_lookahead_tokens reserves k more slots for the drafter; 0 without drafts): blocks are taken
+as it grows, never reserved for its cap. Every step, the running requests take their blocks first, oldest first;
+when one cannot, the most recently admitted running request is preempted (recompute): its blocks are freed and it
+goes back to the front of the waiting queue keeping its generated tokens, which it re-prefills (P + g tokens) when it
+is admitted again (vLLM 0.33: scheduler.py ~960-975 takes self.running[-1]; _preempt_request ~1799-1843 frees its
+blocks, sets num_computed_tokens to 0 and prepends it to the waiting queue).
 Waiting requests are admitted in order while fewer than `max_num_seqs` run and the blocks of their whole context
 (vLLM's scheduler_reserve_full_isl, on by default; `reserve_full_isl = false`: of their first chunk only) and of their
 first chunk plus k look-ahead tokens are free, with `watermark` x the cache left free (vLLM's scheduler watermark, 0
 by default; not applied when nothing else runs); not in a step that preempted.
+A hybrid model (a Qwen3-Next: paged keys and values on its full-attention layers, a fixed Gated DeltaNet state on
+its linear-attention ones) draws both from one pool: each request also holds `state_blocks` blocks from its admission
+to its end (vLLM: one group of linear-attention layers per as many layers as the full-attention group has, 1 +
+num_speculative_tokens blocks a group; sim/vllm_cache.py derives them, and the block size and the pool, from the
+layout, tests/test_sim_vllm_cache.py checks it against vLLM's own allocator). vLLM's log line "KV cache size: N
+tokens" is not the pool: it counts requests at max_model_len with their states (sim.vllm_cache.pool_from_log).
 Chunked prefill: with `max_num_batched_tokens` B (0: no budget), a step schedules at most B tokens: each decoding
 request's 1 + k first (B must exceed max_num_seqs x (1 + k)), then the request being prefilled, then admissions, each
 up to what is left. A request whose context does not fit the budget is admitted with a first chunk and prefilled over
 the next steps while the decodes go on (it makes no token until its last chunk); it holds blocks only for what it has
 prefilled (plus k), so the decodes may take the rest, and, being the newest, it is the first preempted.
-Not modelled: prefix caching (the shipped profiles run without it), vLLM's asynchronous scheduling (a request then
-holds one step more: 1 + k tokens), drafts rejected (a step gives one token per request; the step model's rate holds
-the acceptance), `long_prefill_token_threshold` (off by default).
+Not modelled: prefix caching (the shipped profiles run without it; with it a hybrid model's states follow
+mamba_cache_mode "align", other rules), vLLM's asynchronous scheduling (a request then holds one step more: 1 + k
+tokens; under pipeline parallelism 0.33 runs it), drafts accepted (a step gives one token per request; the step
+model's rate holds the acceptance, so the cache sees the engine's contexts at a given time in fewer, longer steps),
+`long_prefill_token_threshold` (off by default). Assumed, not measured: a serving model's
+pool and state blocks (for moe-4xL4 derived by sim.vllm_cache from its layout, within the stride alignment vLLM adds;
+the study's engine, a vLLM 0.32 fork, logged 2.5% fewer tokens than that derivation gives).
 
 Between two events (an admission, a completion, a preemption) the batch is fixed, so the next event is solved, not
 stepped: after s steps K has grown by n*s, and s steps take s*(a + b*n + c*K) + c*n*s*(s-1)/2; the step at which the
@@ -66,14 +78,20 @@ class ServingModel:
     # vLLM's scheduler_reserve_full_isl (on by default in 0.32 and 0.33): a waiting request is admitted only when the
     # blocks of its whole context are free, though it takes only its first chunk's; off: its first chunk's suffice.
     reserve_full_isl: bool = True
+    # Blocks of the same pool each request holds from its admission to its end for a fixed per-request state: a
+    # hybrid model's linear-attention (Mamba / Gated DeltaNet) layers. vLLM puts those layers in KV-cache groups of
+    # as many layers as the full-attention group and gives each group 1 + num_speculative_tokens blocks a request
+    # (`state_blocks` below derives it); 0 for a model with attention layers only.
+    state_blocks: int = 0
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.kv_tokens < self.block_size or self.max_num_seqs < 1:
             raise ValueError("serving model: block_size, kv_tokens (>= one block) and max_num_seqs must be positive")
         if not 0 <= self.watermark < 1:
             raise ValueError("serving model: watermark must be in [0, 1)")
-        if self.draft_tokens < 0 or self.max_num_batched_tokens < 0:
-            raise ValueError("serving model: draft_tokens and max_num_batched_tokens must not be negative")
+        if self.draft_tokens < 0 or self.max_num_batched_tokens < 0 or self.state_blocks < 0:
+            raise ValueError("serving model: draft_tokens, max_num_batched_tokens and state_blocks must not be "
+                             "negative")
         if 0 < self.max_num_batched_tokens <= self.max_num_seqs * (1 + self.draft_tokens):
             raise ValueError(f"serving model: max_num_batched_tokens {self.max_num_batched_tokens} leaves no room "
                              f"for prefill beside {self.max_num_seqs} decodes of {1 + self.draft_tokens} tokens")
@@ -230,12 +248,15 @@ class SharedEngine:
         self.now = max(self.now, self.model.startup_s)
         self._size, self._total = self.model.block_size, self.model.blocks  # read at every event
         self._ahead, self._lookahead = self.model.draft_tokens, self.model.lookahead
+        self._state = self.model.state_blocks
         self._prefill_s = 0.0 if self.trace is not None else self.model.prefill_s_per_token  # a trace holds them
 
     def submit(self, job: Job, now: float) -> None:
-        if job.prompt + job.tokens + self._lookahead > self.model.kv_tokens:
-            raise ValueError(f"request {job.key} needs {job.prompt + job.tokens + self._lookahead} KV tokens, the "
-                             f"cache holds {self.model.kv_tokens}")
+        tokens = job.prompt + job.tokens + self._lookahead
+        if self._blocks(tokens) + self._state > self._total:
+            state = f" and {self._state} state blocks" if self._state else ""
+            raise ValueError(f"request {job.key} needs {tokens} KV tokens{state}, the cache holds "
+                             f"{self.model.kv_tokens} ({self._total} blocks of {self._size})")
         job.submitted = now
         self.waiting.append(job)
 
@@ -243,15 +264,20 @@ class SharedEngine:
         return -(-tokens // self._size)
 
     def _used(self, later: int = 0) -> int:
-        """Blocks the running requests need for their next step (or for the step `later` steps after it)."""
+        """Blocks the running requests need for their next step (or for the step `later` steps after it), their
+        state blocks included."""
         size, steps = self._size, self._steps + self._lookahead + later
-        return sum([(j.prompt + steps - j.base + size - 1) // size for j in self.running])
+        return sum([(j.prompt + steps - j.base + size - 1) // size for j in self.running]) + self._states()
+
+    def _states(self) -> int:
+        """State blocks the decoding requests hold (the request being prefilled holds its own: counted with it)."""
+        return len(self.running) * self._state
 
     def _used_bound(self, steps: int = 0) -> float:
         """An upper bound of the blocks needed `steps` steps from now, without a pass over the requests: each
         request's tokens rounded up to a whole block cost at most block_size - 1 more."""
         n, size = len(self.running), self._size
-        return (self.context + n * (steps + self._lookahead + size - 1)) / size
+        return (self.context + n * (steps + self._lookahead + size - 1)) / size + self._states()
 
     def _budget(self) -> float:
         """Tokens left in a step after the decodes (vLLM schedules the running requests first)."""
@@ -276,8 +302,8 @@ class SharedEngine:
             job = self.waiting[0]
             prefill = job.prompt + job.generated
             chunk = min(prefill, budget)
-            need = self._blocks(chunk + self._ahead)
-            free = max(need, self._blocks(prefill)) if self.model.reserve_full_isl else need  # must be free
+            need = self._blocks(chunk + self._ahead) + self._state
+            free = max(need, self._blocks(prefill) + self._state) if self.model.reserve_full_isl else need
             limit = self._total - (keep if self.running or self.filling else 0)  # none for a lone request
             if used is None and self._used_bound() + offset + free > limit:
                 used = self._used() + offset
@@ -298,7 +324,7 @@ class SharedEngine:
                 job.filled, self.filling = chunk, job
             else:
                 self._decode(job)  # counted as decoding from here: this step it holds no drafts
-                offset += need - self._blocks(prefill + self._lookahead)
+                offset += need - self._blocks(prefill + self._lookahead) - self._state
             # With drafts, an admitted request holds k slots fewer this step than a decoding one (no drafts yet):
             # this step is taken on its own, so the event solver never counts them.
             self._alone = self._alone or self._ahead > 0
@@ -314,7 +340,7 @@ class SharedEngine:
         prefilled (preempting if either does not fit), then admissions with what is left of the budget."""
         budget, offset, job = self._budget(), 0, self.filling
         chunk = min(job.prompt + job.generated - job.filled, budget) if job is not None else 0
-        need = self._blocks(job.filled + chunk + self._ahead) if job is not None else 0
+        need = self._blocks(job.filled + chunk + self._ahead) + self._state if job is not None else 0
         used = self._used() if self._used_bound() + need > self._total else 0  # exact only when it could matter
         if job is not None:
             if used + need > self._total:
@@ -344,7 +370,7 @@ class SharedEngine:
             steps = min(steps, self._next_finish())
         if steps < 2:
             return 0
-        filled = self._blocks(job.filled + steps * chunk + self._ahead)
+        filled = self._blocks(job.filled + steps * chunk + self._ahead) + self._state
         if self._used_bound(steps - 1) + filled > self._total and self._used(steps - 1) + filled > self._total:
             return 0  # the cache runs short on the way: one step at a time
         if self.trace is not None:
@@ -408,7 +434,8 @@ class SharedEngine:
                 if self.now + per_step > limit:
                     return math.inf, []
                 self.timeline.append(Sample(self.now, n, len(self.running) / per_step,
-                                            math.ceil(self.context / self._size), len(self.waiting)))
+                                            math.ceil(self.context / self._size) + self._states(),
+                                            len(self.waiting)))
                 self._generate(1, len(self.running))
                 self.now += per_step
                 if self.running and self._next_finish() <= 0:
@@ -417,7 +444,7 @@ class SharedEngine:
             n = len(self.running)
             to_finish = self._next_finish()
             if self._used_bound(to_finish - 1) <= self._total:  # room to the next completion: no pass needed
-                steps, used = to_finish, math.ceil(self.context / self._size)
+                steps, used = to_finish, math.ceil(self.context / self._size) + self._states()
             else:
                 used = self._used()
                 if used > self._total:  # a step taken alone left this one short (a first token, drafts from now)
@@ -479,7 +506,7 @@ class SharedEngine:
         while used > self._total:
             job = next(reversed(self.running))
             self._stop(job)
-            used -= self._blocks(job.prompt + job.generated + self._lookahead)
+            used -= self._blocks(job.prompt + job.generated + self._lookahead) + self._state
             self._requeue(job)
         self._no_admission = True
 

@@ -12,10 +12,11 @@ from sim.serving import Job, ServingModel, SharedEngine
 
 
 def steps_model(kv_tokens: int, max_num_seqs: int, block_size: int = 16, watermark: float = 0.0,
-                max_num_batched_tokens: int = 0, draft_tokens: int = 0, reserve_full_isl: bool = True) -> ServingModel:
+                max_num_batched_tokens: int = 0, draft_tokens: int = 0, reserve_full_isl: bool = True,
+                state_blocks: int = 0) -> ServingModel:
     """One second per step, nothing else: simulated time counts engine steps."""
     return ServingModel(1.0, 0.0, 0.0, 0.0, 0.0, kv_tokens, max_num_seqs, block_size, watermark,
-                        max_num_batched_tokens, draft_tokens, reserve_full_isl)
+                        max_num_batched_tokens, draft_tokens, reserve_full_isl, state_blocks)
 
 
 def run_events(model: ServingModel, jobs: list[tuple[int, int]]) -> tuple[dict[int, float], SharedEngine]:
@@ -39,9 +40,10 @@ def run_steps(model: ServingModel, jobs: list[tuple[int, int]]) -> tuple[dict[in
     chunk, up to the budget left), preempting the newest when short (itself last); a step that preempted admits
     nothing; else waiting requests are admitted in order while budget is left and the blocks of their first chunk
     (plus k) and, with reserve_full_isl, of their whole context are free above the watermark (none for a request
-    admitted when nothing else runs). A request makes its first
+    admitted when nothing else runs). A running request also holds `state_blocks` blocks from its admission on
+    (a hybrid model's linear-attention groups, vLLM's MambaManager). A request makes its first
     token in the step of its last chunk; every later step gives it one (drafts all rejected)."""
-    size, blocks, k = model.block_size, model.blocks, model.draft_tokens
+    size, blocks, k, state = model.block_size, model.blocks, model.draft_tokens, model.state_blocks
     keep = int(model.watermark * blocks)
     waiting = [{"id": i, "prompt": p, "tokens": t, "generated": 0, "computed": 0, "held": 0, "decoding": False}
                for i, (p, t) in enumerate(jobs)]
@@ -51,6 +53,9 @@ def run_steps(model: ServingModel, jobs: list[tuple[int, int]]) -> tuple[dict[in
     def blocks_for(tokens: int) -> int:
         return -(-tokens // size)
 
+    def held() -> int:
+        return sum(j["held"] + state for j in running)
+
     while waiting or running:
         budget = model.max_num_batched_tokens or math.inf
         preempted, scheduled, index = False, [], 0
@@ -59,7 +64,7 @@ def run_steps(model: ServingModel, jobs: list[tuple[int, int]]) -> tuple[dict[in
             context = job["prompt"] + job["generated"]
             new = 1 + k if job["decoding"] else min(context - job["computed"], budget)
             target = blocks_for(job["computed"] + new + k)
-            while sum(j["held"] for j in running) - job["held"] + target > blocks:
+            while held() - job["held"] + target > blocks:
                 victim = running.pop()
                 victim.update(computed=0, held=0, decoding=False)
                 waiting.insert(0, victim)
@@ -78,7 +83,7 @@ def run_steps(model: ServingModel, jobs: list[tuple[int, int]]) -> tuple[dict[in
                 new = min(job["prompt"] + job["generated"], budget)
                 target = blocks_for(new + k)
                 whole = blocks_for(job["prompt"] + job["generated"]) if model.reserve_full_isl else 0
-                if sum(j["held"] for j in running) + max(target, whole) > blocks - (keep if running else 0):
+                if held() + max(target, whole) + state > blocks - (keep if running else 0):
                     break
                 running.append(waiting.pop(0))
                 job["held"] = target
@@ -132,6 +137,38 @@ def test_chunked_prefill_and_drafts_follow_the_step_by_step_rules(seed):
     assert events == {i: float(s) for i, s in steps.items()}
     assert len(engine.preempted) == preemptions
     assert engine.tokens == sum(t for _, t in jobs)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_state_blocks_follow_the_step_by_step_rules(seed):
+    """A hybrid model's per-request state blocks (held from admission, freed at the end or on preemption) beside
+    chunked prefill and drafts, against the reference."""
+    rng = random.Random(300 + seed)
+    size = rng.choice([1, 4, 16])
+    seqs, drafts, state = rng.randint(2, 12), rng.choice([0, 1, 4]), rng.randint(1, 15)
+    jobs = [(rng.randint(1, 200), rng.randint(1, 300)) for _ in range(rng.randint(5, 40))]
+    largest = max(p + t for p, t in jobs) + 2 * drafts + state * size
+    budget = rng.choice([seqs * (1 + drafts) + rng.randint(2, 64), 0])
+    model = steps_model(rng.randint(largest, 3 * largest) // size * size + size, seqs, size,
+                        rng.choice([0.0, 0.05]), budget, drafts, rng.choice([True, False]), state)
+    events, engine = run_events(model, jobs)
+    steps, preemptions = run_steps(model, jobs)
+    assert events == {i: float(s) for i, s in steps.items()}
+    assert len(engine.preempted) == preemptions
+    assert engine.tokens == sum(t for _, t in jobs)
+    assert max(s.blocks_used for s in engine.timeline) <= model.blocks
+
+
+def test_state_blocks_leave_fewer_running():
+    """Four requests that fit 20 blocks of 4 tokens together as attention alone (4 x 4 blocks at their end). With 3
+    state blocks each, the four are admitted (2 + 3 blocks each: the 20), then, growing, the newest are preempted
+    one after the other."""
+    jobs = [(4, 12)] * 4
+    assert run_events(steps_model(80, 8, 4), jobs)[1].preempted == []
+    _, engine = run_events(steps_model(80, 8, 4, state_blocks=3), jobs)
+    assert [key for _, key, _ in engine.preempted] == [(3,), (2,)]
+    with pytest.raises(ValueError, match=r"\(0,\) needs 16 KV tokens and 17 state blocks.*holds 80 \(20 blocks"):
+        SharedEngine(steps_model(80, 8, 4, state_blocks=17)).submit(Job((0,), 4, 12), 0.0)
 
 
 def test_drafts_hold_blocks_for_their_look_ahead():
@@ -221,3 +258,20 @@ def test_a_request_larger_than_the_cache_is_refused_by_name():
     engine = SharedEngine(steps_model(64, 4))
     with pytest.raises(ValueError, match=r"\('t', 0, 1\).*holds 64"):
         engine.submit(Job(("t", 0, 1), 40, 40), 0.0)
+
+
+def test_the_log_line_gives_back_the_pool():
+    """vLLM logs "KV cache size: N tokens" as the requests at max_model_len that fit, each with its state blocks
+    (sim.vllm_cache); pool_from_log inverts it. The study's moe run logged 1,957,095 tokens (seed ~4479): at its
+    1,136-token blocks and 15 state blocks a request, a pool of 1,980 blocks, not 1,957,095 / 1,136 = 1,722."""
+    from sim.vllm_cache import gdn_state_bytes, hybrid_cache, pool_from_log
+
+    main = "llla" * 12
+    for stages, tp in (([main[:25], main[25:] + "a"], 2), ([main + "a"], 4)):
+        for drafts in (0, 3, 4):
+            cache = hybrid_cache(stages, 8_267_812_044, 512, gdn_state_bytes(tp, 16, 32, 128, 128, 4, drafts), drafts,
+                                 114_688)
+            assert pool_from_log(cache.logged_tokens, 114_688, cache.block_size, cache.state_blocks) == cache.num_blocks
+    assert pool_from_log(1_957_095, 114_688, 1_136, 15) == 1_980
+    with pytest.raises(ValueError, match="strings of 'a' and 'l'"):
+        hybrid_cache(["llla", "lx"], 1 << 30, 512, 4096, 0, 1024)
