@@ -18,8 +18,10 @@ Approximate, as the serving model is: nothing here was measured on L4s.
   of 49 mixture-of-experts layers, run 4 times a step, ~8% of the weights read; plus the verification rows).
 - TP4, no PP: drafts accepted (no deferral across halves), the throughput of the serving model (not measured:
   its all-reduces cross PCIe twice a layer for 48 layers, TP2 x PP2's for 24; an optimistic assumption), and the
-  cache of TP4_KV_TOKENS (the arithmetic in benchmarks/RESULTS.md: the 2 KV heads replicated over 4 GPUs, 6,144
-  bytes a token a GPU, against 3,072).
+  cache vLLM 0.33 makes of that layout (sim.vllm_cache: the 2 KV heads replicated over 4 GPUs, half the tokens a
+  block's bytes hold).
+The no-drafts and TP4 caches are derived by sim.vllm_cache as the shipped file's is (its test:
+tests/test_sim_cache.py), the state blocks included (3 a request without drafts, 15 with 4).
 """
 
 from __future__ import annotations
@@ -34,12 +36,25 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 STEP_SAVING = 1.15  # a drafts-free step's speed against a 4-draft step's (assumed, see above)
-# TP4's cache (benchmarks/RESULTS.md): the profile's 7.7 GiB a GPU less 64 requests' linear-attention states (36 layers
-# on every GPU, 274,432 bytes each: 8 value heads x 128 x 128 x 2 bytes + the convolution state (2 x 4 x 128 +
-# 8 x 128) x 3 x 2 bytes), over 6,144 bytes a token (12 full-attention layers x one replicated KV head x 256 x 2, FP8)
-TP4_STATE = 8 * 128 * 128 * 2 + (2 * 4 * 128 + 8 * 128) * 3 * 2
-TP4_KV_TOKENS = (8_267_812_044 - 64 * 36 * TP4_STATE) // (12 * 256 * 2)
-TP4_BLOCK = -(-TP4_STATE // (256 * 2) // 16) * 16  # a block's bytes a layer hold one state: tokens, a multiple of 16
+LAYERS = "llla" * 12  # Qwen3-Next's 48 layers: every fourth full attention; the drafter's attention layer rides last
+
+
+def derived_serving(text: str, tp: int, drafts: int) -> Path:
+    """The shipped serving file with the cache vLLM 0.33 makes of moe-4xL4's memory at this layout (TP2 runs the
+    profile's stages of 25 and 23 layers, TP4 one stage): kv_tokens, block_size and state_blocks replaced."""
+    from sim.serving import load_serving
+    from sim.vllm_cache import gdn_state_bytes, hybrid_cache
+
+    stages = [LAYERS[:25], LAYERS[25:]] if tp == 2 else [LAYERS]
+    stages[-1] += "a" if drafts else ""
+    cache = hybrid_cache(stages, 8_267_812_044, max(1, 2 // tp) * 2 * 256,
+                         gdn_state_bytes(tp, 16, 32, 128, 128, 4, drafts), drafts, 114_688)
+    shipped = load_serving(ROOT / "sim/serving_models/moe-4xL4.toml")
+    path = Path(tempfile.mkdtemp()) / f"moe-4xL4-tp{tp}-d{drafts}.toml"
+    path.write_text(text.replace(f"kv_tokens = {shipped.kv_tokens}", f"kv_tokens = {cache.kv_tokens}")
+                    .replace(f"block_size = {shipped.block_size}", f"block_size = {cache.block_size}")
+                    .replace(f"state_blocks = {shipped.state_blocks}", f"state_blocks = {cache.state_blocks}"))
+    return path
 
 
 def forecast(runs: int, throughput: float | None = None, serving: Path | None = None) -> dict:
@@ -67,13 +82,12 @@ def main() -> None:
     base_model = load_serving(ROOT / "sim/serving_models/moe-4xL4.toml")
     t0 = base_model.throughput(64, 30_000)
     text = (ROOT / "sim/serving_models/moe-4xL4.toml").read_text()
-    tp4 = Path(tempfile.mkdtemp()) / "moe-4xL4-tp4.toml"
-    tp4.write_text(text.replace(f"kv_tokens = {base_model.kv_tokens}", f"kv_tokens = {TP4_KV_TOKENS}")
-                   .replace(f"block_size = {base_model.block_size}", f"block_size = {TP4_BLOCK}"))
+    tp4, no_drafts = derived_serving(text, 4, 4), derived_serving(text, 2, 0)
     rows = [("kept drafts (shipped)", forecast(args.runs))]
     for accepted in sorted({1.0, args.accepted, 2.0}):
         rows.append((f"stock 0.33, A={accepted:g}", forecast(args.runs, t0 / (1 + accepted))))
-        rows.append((f"no drafts, A={accepted:g}", forecast(args.runs, t0 * STEP_SAVING / (1 + accepted))))
+        rows.append((f"no drafts, A={accepted:g}", forecast(args.runs, t0 * STEP_SAVING / (1 + accepted),
+                                                                   serving=no_drafts)))
     rows.append(("TP4 no PP, drafts kept", forecast(args.runs, serving=tp4)))
     base = rows[0][1]
     print(f"moe-4xL4 forecasts, {args.runs} runs each (same seeds); throughput at 64 x 30K: {t0:.0f} tok/s shipped")

@@ -275,3 +275,29 @@ def test_the_log_line_gives_back_the_pool():
     assert pool_from_log(1_957_095, 114_688, 1_136, 15) == 1_980
     with pytest.raises(ValueError, match="strings of 'a' and 'l'"):
         hybrid_cache(["llla", "lx"], 1 << 30, 512, 4096, 0, 1024)
+
+
+@pytest.mark.parametrize("name", ["moe-4xL4", "moe-4xL4-direct"])
+def test_the_moe_serving_models_hold_vllms_cache_for_their_profiles_layout(name):
+    """The shipped serving model's cache is what sim.vllm_cache derives from its profile's layout (the pipeline
+    stages of pp_layer_partition, the drafter's attention layer on the last, the tensor-parallel split of the 2 KV and
+    32 value heads, the drafts, the cache memory): a profile or a serving file changed alone fails here. Before issue
+    43 the files held 2.47M tokens in blocks of 1,072 and no state blocks."""
+    from sim.serving import load_serving
+    from sim.scenario import SERVING_MODELS
+    from sim.vllm_cache import gdn_state_bytes, hybrid_cache
+    from submission.profiles import load
+
+    engine = load(name).engine
+    layers = "llla" * 12  # Qwen3-Next's 48 layers: every fourth full attention
+    cuts = [int(n) for n in engine.pp_layer_partition.split(",")]
+    assert sum(cuts) == len(layers) and len(cuts) == engine.pipeline_parallel_size
+    stages = [layers[sum(cuts[:i]):sum(cuts[:i + 1])] for i in range(len(cuts))]
+    stages[-1] += "a" if engine.mtp_speculative_tokens else ""
+    tp, drafts = engine.tensor_parallel_size, engine.mtp_speculative_tokens
+    kv_heads = max(1, 2 // tp)  # 2 KV heads, replicated past TP2; FP8 keys and values 256 wide
+    cache = hybrid_cache(stages, engine.kv_cache_memory_bytes, kv_heads * 2 * 256,
+                         gdn_state_bytes(tp, 16, 32, 128, 128, 4, drafts), drafts, engine.max_model_len)
+    serving = load_serving(SERVING_MODELS / f"{name}.toml")
+    assert (serving.kv_tokens, serving.block_size, serving.state_blocks) == (
+        cache.kv_tokens, cache.block_size, cache.state_blocks) == (2_304_944, 1_136, 15)
