@@ -22,7 +22,7 @@ def calibration_prompts(model_dir: str | Path, tasks, samples: int) -> list[list
     """The first test input of up to `samples` tasks, rendered exactly as the solver sends them."""
     from transformers import AutoTokenizer
 
-    from submission.config import PromptConfig
+    from submission.reasoning_profile import PromptConfig
     from submission.prompt import render
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

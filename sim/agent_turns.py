@@ -38,9 +38,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from submission.answer import CALL_OPEN, FENCE
+from submission.reply_grammar import CALL_OPEN, FENCE
 from submission.attempts import read_log
-from submission.config import EngineConfig
+from submission.reasoning_profile import EngineConfig
 from submission.prompt import check_text, grid_text
 from submission.schedule import Level
 from submission.tasks import Task, load_tasks

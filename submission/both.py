@@ -37,7 +37,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from submission import cli
-from submission.answers import AnswerFile, render_submission
+from submission.answer_file import AnswerFile, render_submission
 from submission.attempts import read_log
 from submission.heartbeat import HeartbeatError, HeartbeatWriter, path_for_log, read
 from submission.merge import merge_logs

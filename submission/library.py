@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from submission.answers import AnswerFile, render_submission
+from submission.answer_file import AnswerFile, render_submission
 from submission.grids import Grid
 from submission.sandbox import CheckResult, Sandbox, SandboxLimits, Status, exit_quietly_on_closed_pipe
 from submission.score import score

@@ -37,7 +37,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from submission import engine_numbers
-from submission.answers import AnswerFile, render_submission
+from submission.answer_file import AnswerFile, render_submission
 from submission.attempts import AttemptLog, AttemptRecord, read_log, repair_log
 from submission.cli import (
     go_offline,
@@ -49,7 +49,7 @@ from submission.cli import (
     watchdog,
     with_deadline,
 )
-from submission.config import Profile
+from submission.reasoning_profile import Profile
 from submission.engines.base import Engine, EngineDead
 from submission.heartbeat import HeartbeatWriter
 from submission.processes import become_subreaper, descendants, end_processes, leftovers

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from submission import engine_numbers
-from submission.answer import ParsedAnswer, Reply, parse_answer
+from submission.reply_grammar import ParsedAnswer, Reply, parse_answer
 from submission.attempts import AttemptRecord
-from submission.config import Profile
+from submission.reasoning_profile import Profile
 from submission.engines.base import Completion, Engine, GenerationRequest
 from submission.grids import Grid
 from submission.prompt import FIX, check_text, repair_text

@@ -2,7 +2,7 @@
 programs on the demonstrations before it answers.
 
 Every turn is one ordinary request: thinking up to the turn's cap (the forced close at the cap), then what the turn's
-grammar admits (submission.answer, `Reply`): the first turn a `check_transform` call (CALL_OPEN and a program) only,
+grammar admits (submission.reply_grammar, `Reply`): the first turn a `check_transform` call (CALL_OPEN and a program) only,
 as Algorithm 7 line 4 has it ("emit a check_transform call; from the second turn on, the final grid and program are
 also allowed"); later turns a call or the answer (grid and `transform` program, which ends the attempt), the model's
 choice; the final turn the answer. An engine that ignores the grammar (a replayed or scripted completion) and answers
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from submission.answer import CALL_OPEN, FENCE
+from submission.reply_grammar import CALL_OPEN, FENCE
 from submission.grids import Grid
 
 

@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("torch", reason="engine tests need the engine environment (make engine-env)")
 
 from build.tiny import make_checkpoint  # noqa: E402
-from submission.answer import THINK_END, Reply, parse_answer  # noqa: E402
-from submission.config import EngineConfig, PromptConfig  # noqa: E402
+from submission.reply_grammar import THINK_END, Reply, parse_answer  # noqa: E402
+from submission.reasoning_profile import EngineConfig, PromptConfig  # noqa: E402
 from submission.engines.base import GenerationRequest  # noqa: E402
 from submission.prompt import render  # noqa: E402
 from submission.tasks import load_tasks  # noqa: E402

@@ -232,7 +232,7 @@ def test_rft_rows_and_inference_share_the_dense_prompt(tmp_path):
     the dense profile's JSON prompt becomes a row under that profile and is refused under a row-wise one."""
     pytest.importorskip("transformers", reason="rows need a tokenizer (make engine-env)")
     from build.tiny import make_tokenizer
-    from submission.config import PromptConfig
+    from submission.reasoning_profile import PromptConfig
     from submission.prompt import render
     from training.dataset import PromptMismatch, rows_from_traces
     from training.traces import known_trace
@@ -297,7 +297,7 @@ def test_a_bad_grid_format_is_refused_with_the_key(tmp_path):
 def test_the_program_cue_is_the_studys(profile):
     """The cue after the grid asks for "The transformation above, written as a self-contained Python function" and
     opens a code block with `def transform(grid):` (study ~2341-2343); the answer grammar forces it verbatim."""
-    from submission.answer import answer_grammar
+    from submission.reply_grammar import answer_grammar
 
     cue = load_profile(profile).engine.program_cue
     words = "The transformation above, written as a self-contained Python function"

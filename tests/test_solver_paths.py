@@ -10,7 +10,7 @@ import json
 import pytest
 
 from submission.attempts import AttemptRecord, read_log
-from submission.config import EngineConfig, Profile, PromptConfig
+from submission.reasoning_profile import EngineConfig, Profile, PromptConfig
 from submission.engines import make_engine
 from submission.engines.base import EngineDead, ThroughputMeter
 from submission.engines.replay import ReplayEngine

@@ -352,7 +352,7 @@ def test_the_real_solver_killed_after_its_first_attempt_is_resumed_and_loses_not
     """submission.main with the replay engine on real ARC tasks under supervise(): SIGKILLed once its first attempt
     is logged, relaunched with --resume; the log holds both lives' attempts, none redone, and the answer file is
     complete and exactly what the log gives."""
-    from submission.answers import render_submission
+    from submission.answer_file import render_submission
     from submission.attempts import AttemptRecord, read_log
     from submission.schedule import Level
     from submission.selection import Candidates

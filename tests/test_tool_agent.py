@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from submission.answer import CALL_OPEN, FENCE, THINK_END, Reply
+from submission.reply_grammar import CALL_OPEN, FENCE, THINK_END, Reply
 from submission.attempts import AttemptRecord
-from submission.config import EngineConfig, Profile, PromptConfig
+from submission.reasoning_profile import EngineConfig, Profile, PromptConfig
 from submission.engines.base import Completion, ThroughputMeter
 from submission.profiles import PROFILES
 from submission.prompt import FIX, check_text, grid_text

@@ -20,8 +20,8 @@ import argparse
 import json
 from pathlib import Path
 
-from submission.answer import THINK_END
-from submission.config import EngineConfig, PromptConfig
+from submission.reply_grammar import THINK_END
+from submission.reasoning_profile import EngineConfig, PromptConfig
 from submission.prompt import grid_text, render
 from submission.tasks import Task, load_tasks
 from training.corpus import mix

@@ -26,7 +26,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from submission.answer import THINK_END, parse_answer
+from submission.reply_grammar import THINK_END, parse_answer
 from submission.engines.base import GenerationRequest
 from submission.profiles import load_profile
 from submission.prompt import grid_text, render

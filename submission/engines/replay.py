@@ -13,9 +13,9 @@ import asyncio
 import random
 import time
 
-from submission.answer import FENCE, THINK_END
+from submission.reply_grammar import FENCE, THINK_END
 from submission.attempts import AttemptRecord
-from submission.config import EngineConfig
+from submission.reasoning_profile import EngineConfig
 from submission.engines.base import Completion, GenerationRequest, ThroughputMeter
 from submission.prompt import grid_text
 

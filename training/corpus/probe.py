@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from submission.answers import write_atomic
+from submission.answer_file import write_atomic
 from submission.grids import Grid
 from submission.score import score
 from submission.tasks import LoadError, load_tasks
