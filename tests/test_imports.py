@@ -29,10 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("build", "training", "submission", "sim", "conformance", "offline_wheels", "benchmarks")
 # runnable modules imported for their functions by design (see the module docstring); each entry must be runnable
+# (submission.both's and submission.grid.main's `run` is their line's run, which submission.lines dispatches to)
 TOOLS = frozenset({
     "build.bundle", "build.calibrate", "build.grid_vocab", "build.patch_eot", "build.pipeline", "build.prune",
-    "build.quantize", "build.tiny", "offline_wheels.lock", "sim.example_log", "submission.sandbox", "submission.score",
-    "training.dataset", "training.rft"})
+    "build.quantize", "build.tiny", "offline_wheels.lock", "sim.example_log", "submission.both", "submission.grid.main",
+    "submission.sandbox", "submission.score", "training.dataset", "training.rft"})
 ENTRIES = frozenset({"main", "run"})  # what one command-line module may import from another
 
 
@@ -236,3 +237,11 @@ def test_build_and_training_meet_only_in_the_build_chain():
                    if {name.split(".")[0], target.split(".")[0]} == {"build", "training"}
                    and not (name.startswith("training.") and target == "build.pipeline"))
     assert not found, "build and training importing each other outside build.pipeline:\n" + "\n".join(found)
+
+
+def test_the_probe_runs_the_solver_through_its_library_function():
+    """training.corpus.probe runs the solver through submission.lines.run_profile (what submission.main calls), not
+    through the command line's entry and its argument list (issue 46)."""
+    modules = kit_modules()
+    imported = imports_of("training.corpus.probe", modules["training.corpus.probe"], set(modules))
+    assert "submission.lines" in imported and "submission.main" not in imported
