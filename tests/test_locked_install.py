@@ -1,4 +1,4 @@
-"""Boot's locked install (submission/locked_install.py, issue 27 section 3): the real locks parse line for line, and
+"""Boot's locked install (submission/kaggle/locked_install.py, issue 27 section 3): the real locks parse line for line, and
 on wheels built here (stdlib zipfile, no network, no torch) the whole lock lands in a venv of boot's own at exactly the
 locked versions, also when the "image" Python is seeded with conflicting versions of two locked packages and its
 PYTHONPATH and PIP_* settings point at them; verify reports one line per changed distribution; a missing or corrupt
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from submission import locked_install
-from submission.locked_install import (InstallError, copy_environment, install_lock, installed_versions, isolated_env,
+from submission.kaggle import locked_install
+from submission.kaggle.locked_install import (InstallError, copy_environment, install_lock, installed_versions, isolated_env,
                                        locked_files, locked_versions, mismatches, prepare, ready, verify)
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Boot's supervisor (submission/supervise.py) and the solver's heartbeat (submission/heartbeat.py).
+"""Boot's supervisor (submission/kaggle/supervise.py) and the solver's heartbeat (submission/heartbeat.py).
 
 The policy's table: a hang only while work is queued or running, progress resets its clock, the engine start is
 bounded, relaunches are bounded and spaced, statuses 0, 143 (after boot's SIGTERM) and 2 are never relaunched, and
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from submission import heartbeat as hb
-from submission.supervise import (Life, SuperviseConfig, decide, launched, no_relaunch, observe, relaunch_command,
+from submission.kaggle.supervise import (Life, SuperviseConfig, decide, launched, no_relaunch, observe, relaunch_command,
                                   supervise)
 
 REPO = Path(__file__).resolve().parents[1]

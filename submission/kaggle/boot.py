@@ -1,11 +1,11 @@
 """The notebook's entry on Kaggle: install from the bundle with no network, then run the solver, whatever happens.
 
-    python kit/submission/boot.py --bundle /kaggle/input/DATASET [--input /kaggle/input] [--competition SLUG]
+    python kit/submission/kaggle/boot.py --bundle /kaggle/input/DATASET [--input /kaggle/input] [--competition SLUG]
                                   [--tasks PATH] [--out-dir /kaggle/working] [--work DIR] [--started EPOCH_SECONDS]
                                   [--rehearsal-tasks 3] [--rehearsal-deadline 1800] [--rehearsal-full] [--full-verify]
 
 Standard library only until its own environment is installed (it imports only the kit's standard-library modules).
-In order: the competition's test file by its mount name (kaggle_mounts: a commit run refuses an ambiguous choice) and
+In order: the competition's test file by its mount name (mounts: a commit run refuses an ambiguous choice) and
 a complete `[[0]]` submission.json from it, so the output exists even if everything below fails; the preflight's
 machine stage (GPUs, driver); the dataset as mounted, folders in place and the client's archives extracted to `--work`
 with every file hashed (bundle_files), then checked against the manifest (sizes of every file, sha256 of the wheels
@@ -39,15 +39,16 @@ import time
 import tomllib
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script (kit/submission/boot.py): the kit's own modules, stdlib-only ones
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __package__ in (None, ""):  # run as a script (kit/submission/kaggle/boot.py): the kit's stdlib-only modules
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from submission import engine_numbers, kaggle_mounts, locked_install  # noqa: E402
-from submission.bundle_files import (MANIFEST, MODEL_DIRS, disk_needed, join_split_files, manifest_problems,  # noqa: E402
+from submission import engine_numbers  # noqa: E402
+from submission.kaggle import locked_install, mounts  # noqa: E402
+from submission.kaggle.bundle_files import (MANIFEST, MODEL_DIRS, disk_needed, join_split_files, manifest_problems,  # noqa: E402
                                      materialise, mounted, top_levels)
-from submission.kaggle_mounts import COMPETITION, EVALUATION_FILE, EVALUATION_SOLUTIONS, TEST_FILE  # noqa: E402
+from submission.kaggle.mounts import COMPETITION, EVALUATION_FILE, EVALUATION_SOLUTIONS, TEST_FILE  # noqa: E402
 from submission.heartbeat import path_for_log  # noqa: E402
-from submission.supervise import SuperviseConfig, supervise  # noqa: E402
+from submission.kaggle.supervise import SuperviseConfig, supervise  # noqa: E402
 
 TIME_LIMIT_S = 12 * 3600
 END_MARGIN_S = 60.0  # every step boot waits for ends this long before the limit (the solver's deadline twice this)
@@ -100,7 +101,7 @@ def rehearsal_problems(task_ids: list[str], log_lines: list[str]) -> list[str]:
 
 def run_step(command: list[str], cwd: Path, env: dict, timeout: float, what: str, heartbeat: Path | None = None,
              supervision: SuperviseConfig = SuperviseConfig(), until=None) -> int:
-    """The solver under boot's supervisor (submission/supervise.py): relaunched with --resume after an abnormal exit,
+    """The solver under boot's supervisor (submission/kaggle/supervise.py): relaunched with --resume after an abnormal exit,
     a hang or an endless engine start (read from its `heartbeat` file), what it left ended before each relaunch;
     `until()` true ends it with SIGTERM. Its exit status (0 also when `until` ended it); BootError when it outlives
     `timeout` (killed then, its processes with it)."""
@@ -121,11 +122,11 @@ def own_settings() -> dict:
 
 
 def prepare_answer_file(args: argparse.Namespace, competition: str, rerun: bool) -> tuple[Path | None, dict | None]:
-    """The test file (by the competition's mount, kaggle_mounts) and the complete [[0]] answer file written from it
+    """The test file (by the competition's mount, submission.kaggle.mounts) and the complete [[0]] answer file written from it
     before anything else, so the output exists whatever fails later. A commit run that cannot tell which test file
     is the competition's raises after the file is written."""
-    choice = (kaggle_mounts.Choice(args.tasks, f"--tasks {args.tasks}") if args.tasks else
-              kaggle_mounts.find(args.input, TEST_FILE, competition, rerun))
+    choice = (mounts.Choice(args.tasks, f"--tasks {args.tasks}") if args.tasks else
+              mounts.find(args.input, TEST_FILE, competition, rerun))
     print(f"boot: {choice.note}", flush=True)
     if choice.path is None:
         print(f"boot: no answer file written (is the competition's data attached under {args.input}?)",
@@ -133,8 +134,8 @@ def prepare_answer_file(args: argparse.Namespace, competition: str, rerun: bool)
         return None, None
     fallback = None
     try:
-        fallback = kaggle_mounts.zero_submission(choice.path)
-        kaggle_mounts.write_json(args.out_dir / "submission.json", fallback)
+        fallback = mounts.zero_submission(choice.path)
+        mounts.write_json(args.out_dir / "submission.json", fallback)
     except (OSError, ValueError) as err:
         print(f"boot: no answer file written: cannot read {choice.path}: {err}", file=sys.stderr)
     if choice.refusal:
@@ -154,7 +155,7 @@ def machine_preflight(mount: Path, work: Path, timeout: float) -> None:
     view.mkdir(parents=True)
     os.symlink(mount.resolve() / MANIFEST, view / MANIFEST)
     os.symlink(Path(os.path.abspath(__file__)).parents[1], view / "kit")
-    result = subprocess.run([sys.executable, "-m", "submission.preflight", "--bundle", str(view), "--stage",
+    result = subprocess.run([sys.executable, "-m", "submission.kaggle.preflight", "--bundle", str(view), "--stage",
                              "machine"], cwd=view / "kit", capture_output=True, text=True, timeout=timeout)
     print(result.stdout + result.stderr, end="", flush=True)
     if result.returncode != 0:
@@ -218,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                                         step_timeout(args.started, time.time(), 3600), log=say)
         env = dict(locked_install.isolated_env(os.environ), **OFFLINE)  # the image's PYTHONPATH never leaks in
         kit = bundle / "kit"
-        preflight = subprocess.run([str(python), "-m", "submission.preflight", "--bundle", str(bundle),
+        preflight = subprocess.run([str(python), "-m", "submission.kaggle.preflight", "--bundle", str(bundle),
                                     "--work", str(work)], cwd=kit, env=env, capture_output=True, text=True,
                                    timeout=step_timeout(args.started, time.time(), 300))
         print(preflight.stdout + preflight.stderr, end="")
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"boot: {err}", file=sys.stderr)
         status = 3
     if fallback is not None:
-        replaced = kaggle_mounts.keep_complete(answer, fallback)
+        replaced = mounts.keep_complete(answer, fallback)
         if replaced:
             print(f"boot: {len(replaced)} of {len(fallback)} tasks were missing or broken in the answer file: "
                   f"their [[0]] answers written ({', '.join(replaced[:5])}{', ...' if len(replaced) > 5 else ''})",
@@ -342,7 +343,7 @@ def rehearse(args: argparse.Namespace, profile: str, model: Path, env: dict, gri
     deadline, written and scored under out-dir/rehearsal/ (submission.json stays the [[0]] file of the test set).
     Non-zero, with the reason, if the solver fails or a task gets no finished attempt: learn it before a rerun. A
     combined bundle (`grid_model`) rehearses both lines at once, and each line's log must show every task."""
-    found = kaggle_mounts.find(args.input, EVALUATION_FILE, args.competition, rerun=False)
+    found = mounts.find(args.input, EVALUATION_FILE, args.competition, rerun=False)
     print(f"boot: rehearsal: {found.note}", flush=True)
     if found.refusal or found.path is None:
         raise BootError(f"rehearsal: {found.refusal or found.note}")

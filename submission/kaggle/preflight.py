@@ -1,6 +1,6 @@
 """Preflight: before the model loads, check the machine and the bundle against the run profile, in one report.
 
-    python -m submission.preflight --bundle DIR [--work DIR] [--stage all|machine]
+    python -m submission.kaggle.preflight --bundle DIR [--work DIR] [--stage all|machine]
 
 A run that cannot work should stop in seconds with the reason, not an hour in (issue 12). `checks(profile, facts)`
 is pure: it compares facts about the machine (GPUs and their memory, the NVIDIA driver, free disk) and the bundle (the
@@ -35,7 +35,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from submission.bundle_files import MODEL_DIRS, split_parts
+from submission.kaggle.bundle_files import MODEL_DIRS, split_parts
 from submission.reasoning_profile import Profile
 from submission.grid.config import GridProfile
 from submission.grid.format import VOCAB
@@ -366,7 +366,7 @@ def full_stage(bundle: Path, work: Path) -> list[Check]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m submission.preflight", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m submission.kaggle.preflight", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", required=True, type=Path, help="the bundle (dataset) folder")
     parser.add_argument("--work", type=Path, default=Path("/kaggle/arc-kit-work"),
                         help="where split files will be reassembled (its free disk is checked)")
