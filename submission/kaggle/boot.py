@@ -116,7 +116,7 @@ def own_settings() -> dict:
     """kit/bundle.json of the kit this script runs from (the bundle's profile, line, target and boot settings); {}
     when it cannot be read (the manifest check then says what is wrong)."""
     try:
-        return json.loads((Path(os.path.abspath(__file__)).parents[1] / "bundle.json").read_text())
+        return json.loads((Path(os.path.abspath(__file__)).parents[2] / "bundle.json").read_text())
     except (OSError, ValueError):
         return {}
 
@@ -154,7 +154,7 @@ def machine_preflight(mount: Path, work: Path, timeout: float) -> None:
     shutil.rmtree(view, ignore_errors=True)
     view.mkdir(parents=True)
     os.symlink(mount.resolve() / MANIFEST, view / MANIFEST)
-    os.symlink(Path(os.path.abspath(__file__)).parents[1], view / "kit")
+    os.symlink(Path(os.path.abspath(__file__)).parents[2], view / "kit")
     result = subprocess.run([sys.executable, "-m", "submission.kaggle.preflight", "--bundle", str(view), "--stage",
                              "machine"], cwd=view / "kit", capture_output=True, text=True, timeout=timeout)
     print(result.stdout + result.stderr, end="", flush=True)
