@@ -55,7 +55,7 @@ from submission.heartbeat import HeartbeatWriter
 from submission.processes import become_subreaper, descendants, end_processes, leftovers
 from submission.profiles import to_toml
 from submission.prompt import render, task_text, tool_turn
-from submission.sandbox import Sandbox
+from submission.sandbox.client import Sandbox
 from submission.schedule import InputInfo, Level, Scheduler
 from submission.selection import Candidates
 from submission.solve import Attempts, Renderer, ToolTurn, estimated_ids, request_id

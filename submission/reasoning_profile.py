@@ -3,7 +3,7 @@
     [engine]   kind, model, parallelism, KV cache, sampling and phase settings  (EngineConfig)
     [prompt]   rendering of tasks into the chat template                        (PromptConfig)
     [schedule] every number of SPEC section 5                                   (submission.schedule.ScheduleConfig)
-    [sandbox]  program-check limits                                             (submission.sandbox.SandboxLimits)
+    [sandbox]  program-check limits                                             (submission.sandbox.client.SandboxLimits)
     [tool_agent] first attempts that check their programs between turns     (submission.tool_agent.ToolAgentConfig)
     [selection] which candidates an answer is chosen from                  (submission.selection.SelectionConfig)
     [build]    how make bundle builds this profile's dataset                    (BuildConfig)
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from submission.sandbox import SandboxLimits
+from submission.sandbox.client import SandboxLimits
 from submission.schedule import ScheduleConfig
 from submission.selection import SelectionConfig
 from submission.tool_agent import ToolAgentConfig

@@ -19,7 +19,7 @@ from submission.reasoning_profile import Profile
 from submission.engines.base import Completion, Engine, GenerationRequest
 from submission.grids import Grid
 from submission.prompt import FIX, check_text, repair_text
-from submission.sandbox import CheckResult, Sandbox, Status
+from submission.sandbox.client import CheckResult, Sandbox, Status
 from submission.schedule import PLAIN_VIEW, Level, Request
 from submission.tasks import Task
 from submission.tool_agent import (LAST_CHECK, NO_CALL, finished, first_cap, instructions, next_turn,

@@ -33,7 +33,7 @@ PACKAGES = ("build", "training", "submission", "sim", "conformance", "offline_wh
 TOOLS = frozenset({
     "build.bundle", "build.calibrate", "build.grid_vocab", "build.patch_eot", "build.pipeline", "build.prune",
     "build.quantize", "build.tiny", "offline_wheels.lock", "sim.example_log", "submission.both", "submission.grid.main",
-    "submission.sandbox", "submission.score", "training.dataset", "training.rft"})
+    "submission.sandbox.client", "submission.score", "training.dataset", "training.rft"})
 ENTRIES = frozenset({"main", "run"})  # what one command-line module may import from another
 
 
@@ -256,8 +256,7 @@ ROOMS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
                         "submission.selection", "submission.answer_file", "submission.strict_toml",
                         "submission.attempts", "submission.schedule", "submission.heartbeat", "submission.processes",
                         "submission.progress", "submission.engine_numbers", "submission.cli"}), frozenset()),
-    "sandbox": (frozenset({"submission.sandbox", "submission.sandbox_server", "submission.library"}),
-                frozenset({"core"})),
+    "sandbox": (frozenset({"submission.sandbox", "submission.sandbox."}), frozenset({"core"})),
     "reasoning line": (frozenset({"submission.reply_grammar", "submission.prompt", "submission.tool_agent",
                                   "submission.solve", "submission.reasoning_profile", "submission.engines",
                                   "submission.engines."}), frozenset({"core", "sandbox"})),
@@ -269,8 +268,8 @@ ROOMS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
              frozenset({"core", "sandbox", "reasoning line", "grid line", "profiles"})),
     "kaggle": (frozenset({"submission.kaggle", "submission.kaggle."}),
                frozenset({"core", "reasoning line", "grid line", "profiles"})),
-    "aliases": (frozenset({"submission.boot", "submission.preflight", "submission.kaggle_mounts"}),
-                frozenset({"kaggle"})),
+    "aliases": (frozenset({"submission.boot", "submission.preflight", "submission.kaggle_mounts",
+                           "submission.library"}), frozenset({"kaggle", "sandbox"})),
 }
 
 

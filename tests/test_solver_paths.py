@@ -15,7 +15,7 @@ from submission.engines import make_engine
 from submission.engines.base import EngineDead, ThroughputMeter
 from submission.engines.replay import ReplayEngine
 from submission.reasoning import Run
-from submission.sandbox import Sandbox
+from submission.sandbox.client import Sandbox
 from submission.schedule import Level, Request, ScheduleConfig
 from submission.selection import Candidates, Source
 from submission.solve import Attempts

@@ -16,7 +16,7 @@ from submission.reasoning_profile import EngineConfig, Profile, PromptConfig
 from submission.engines.base import Completion, ThroughputMeter
 from submission.profiles import PROFILES
 from submission.prompt import FIX, check_text, grid_text
-from submission.sandbox import Sandbox
+from submission.sandbox.client import Sandbox
 from submission.schedule import Level, Request
 from submission.selection import Candidates
 from submission.solve import Attempts

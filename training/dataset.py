@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.targets == "grid":
         rows, dropped = rows_from_traces(records, tasks, tokenizer, profile.prompt)
     else:
-        from submission.sandbox import Sandbox
+        from submission.sandbox.client import Sandbox
 
         with Sandbox(profile.sandbox) as sandbox:
             rows, dropped = rows_from_traces(records, tasks, tokenizer, profile.prompt, targets=args.targets,

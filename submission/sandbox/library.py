@@ -1,7 +1,8 @@
 """Run a library of candidate programs over tasks: sandbox checks, selection, the answer file, and the score.
 
-    python -m submission.library --tasks PATH --programs DIR --out submission.json [--solutions PATH] [--workers 2]
-                                 [--pair-by-name] [--cpu-s 10] [--wall-s 15] [--memory-mb 1024] [--json REPORT.json]
+    python -m submission.sandbox.library --tasks PATH --programs DIR --out submission.json [--solutions PATH]
+                                         [--workers 2] [--pair-by-name] [--cpu-s 10] [--wall-s 15] [--memory-mb 1024]
+                                         [--json REPORT.json]
 
 Every `*.py` file in DIR defining `transform(grid)` is checked on every task (all demonstrations and test inputs, in
 the sandbox), or with `--pair-by-name` only on the task of the same id (`ID.py` on task `ID`: a library of found
@@ -31,7 +32,7 @@ from rich.table import Table
 
 from submission.answer_file import AnswerFile, render_submission
 from submission.grids import Grid
-from submission.sandbox import CheckResult, Sandbox, SandboxLimits, Status, exit_quietly_on_closed_pipe
+from submission.sandbox.client import CheckResult, Sandbox, SandboxLimits, Status, exit_quietly_on_closed_pipe
 from submission.score import score
 from submission.selection import Candidate, Source, select
 from submission.tasks import LoadError, Task, load_tasks
@@ -125,7 +126,7 @@ def load_programs(folder: Path) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m submission.library", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m submission.sandbox.library", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", required=True, type=Path, help="task directory, task file or Kaggle challenges")
     parser.add_argument("--programs", required=True, type=Path, help="folder of *.py files defining transform(grid)")
     parser.add_argument("--out", required=True, type=Path, help="the answer file to write")
