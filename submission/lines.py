@@ -2,7 +2,7 @@
 
 `submission.main` parses its command line and calls `run_profile`; an in-process caller (training.corpus.probe)
 builds the same arguments with `arguments` and calls it too, so no library goes through the command line's argument
-list. A profile without `line` runs the reasoning line (submission.reasoning); `line = "grid"` the grid line
+list. A profile without `line` runs the reasoning line (submission.reasoning.run); `line = "grid"` the grid line
 (submission.grid.main's `run`); `line = "both"` both lines (submission.both's `run`). `watchdog=False` arms no
 watchdog, for callers that bound the run themselves; otherwise it is disarmed when the run returns. A profile the run
 cannot use is refused with status 2.
@@ -17,8 +17,8 @@ from submission import profiles
 from submission.cli import parser, refuse
 from submission.engines import make_engine
 from submission.profiles import BothProfile, GridProfile, ProfileError
-from submission.reasoning import NewEngine
-from submission.reasoning import run as run_reasoning_line
+from submission.reasoning.run import NewEngine
+from submission.reasoning.run import run as run_reasoning_line
 
 
 def entry_parser(prog: str, doc: str) -> argparse.ArgumentParser:

@@ -4,7 +4,7 @@
                               [--deadline SECONDS [--scale-schedule]] [--log attempts.jsonl] [--resume]
                               [--solutions PATH] [--max-tasks N] [--heartbeat PATH]
 
-A profile without `line` runs the reasoning line (submission.reasoning: the schedule, the engine, the answer file,
+A profile without `line` runs the reasoning line (submission.reasoning.run: the schedule, the engine, the answer file,
 the log, the watchdog, SIGTERM and `--resume` are described there); `line = "grid"` the grid line
 (submission.grid.main, SPEC section 10: its own workers, the same answer file and log); `line = "both"` both lines,
 each on its share of the GPUs, one merged answer file (submission.both). Every line's watchdog is disarmed when its
@@ -19,7 +19,7 @@ import sys
 
 from submission.engines import make_engine
 from submission.lines import entry_parser, run_profile
-from submission.reasoning import NewEngine
+from submission.reasoning.run import NewEngine
 
 
 def main(argv: list[str] | None = None, watchdog: bool = True, new_engine: NewEngine = make_engine) -> int:

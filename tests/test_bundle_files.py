@@ -1,6 +1,6 @@
-"""submission/kaggle/bundle_files.py: a kit dataset boots from whatever Kaggle mounts for each top-level folder (the folder,
-or the .tar / .zip the Kaggle client uploaded it as), every extracted file hashed against the manifest; split files
-are joined into a view of links, so the disk written is what the preflight counts."""
+"""submission/kaggle/bundle_files.py: a kit dataset boots from whatever Kaggle mounts for each top-level folder (the
+folder, or the .tar / .zip the Kaggle client uploaded it as), every extracted file hashed against the manifest; split
+files are joined into a view of links, so the disk written is what the preflight counts."""
 
 from __future__ import annotations
 

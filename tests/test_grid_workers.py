@@ -244,8 +244,8 @@ def test_a_worker_whose_device_fails_every_task_is_replaced_and_its_tasks_answer
 
 def test_a_grid_run_in_process_leaves_no_watchdog_behind(grid_model, arc_data, tmp_path):
     """training.corpus probe runs the solver in its own process (`submission.lines.run_profile(args, watchdog=False)`),
-    once per panel: a grid profile must not arm a watchdog there, or `os._exit` (or SIGALRM) ends the caller after the run
-    returns (issue 30). The run here takes a 3 s deadline; the caller then lives past it and says so."""
+    once per panel: a grid profile must not arm a watchdog there, or `os._exit` (or SIGALRM) ends the caller after the
+    run returns (issue 30). The run here takes a 3 s deadline; the caller then lives past it and says so."""
     kwargs = dict(profile="grid-tiny", model=str(grid_model), deadline=3, scale_schedule=True, max_tasks=1)
     script = ("import sys, time\nfrom pathlib import Path\nfrom submission.lines import arguments, run_profile\n"
               f"args = arguments(Path({str(arc_data / 'arc-agi-2' / 'evaluation')!r}), "

@@ -257,13 +257,12 @@ ROOMS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
                         "submission.attempts", "submission.schedule", "submission.heartbeat", "submission.processes",
                         "submission.progress", "submission.engine_numbers", "submission.cli"}), frozenset()),
     "sandbox": (frozenset({"submission.sandbox", "submission.sandbox."}), frozenset({"core"})),
-    "reasoning line": (frozenset({"submission.reply_grammar", "submission.prompt", "submission.tool_agent",
-                                  "submission.solve", "submission.reasoning_profile", "submission.engines",
+    "reasoning line": (frozenset({"submission.reasoning", "submission.reasoning.", "submission.engines",
                                   "submission.engines."}), frozenset({"core", "sandbox"})),
     "grid line": (frozenset({"submission.grid", "submission.grid."}) - {"submission.grid.main"},
                   frozenset({"core"})),
     "profiles": (frozenset({"submission.profiles"}), frozenset({"core", "sandbox", "reasoning line", "grid line"})),
-    "runs": (frozenset({"submission.reasoning", "submission.grid.main", "submission.both", "submission.merge",
+    "runs": (frozenset({"submission.reasoning.run", "submission.grid.main", "submission.both", "submission.merge",
                         "submission.lines", "submission.main"}),
              frozenset({"core", "sandbox", "reasoning line", "grid line", "profiles"})),
     "kaggle": (frozenset({"submission.kaggle", "submission.kaggle."}),
@@ -310,12 +309,12 @@ def test_the_room_rule_catches_an_upward_import():
     """The rule itself on the real graph with edges added: the core importing the reasoning line, a line importing
     the other, the Kaggle runtime importing a run, submission/ importing build/ are each reported."""
     graph = {name: set(targets) for name, targets in import_graph(kit_modules()).items()}
-    graph["submission.grids"].add("submission.reasoning_profile")
-    graph["submission.prompt"].add("submission.grid.format")
+    graph["submission.grids"].add("submission.reasoning.profile")
+    graph["submission.reasoning.prompt"].add("submission.grid.format")
     graph["submission.kaggle.boot"].add("submission.main")
     graph["submission.tasks"].add("build.tiny")
     assert room_problems(graph) == [
-        "submission.grids (core) -> submission.reasoning_profile (reasoning line)",
+        "submission.grids (core) -> submission.reasoning.profile (reasoning line)",
         "submission.kaggle.boot (kaggle) -> submission.main (runs)",
-        "submission.prompt (reasoning line) -> submission.grid.format (grid line)",
+        "submission.reasoning.prompt (reasoning line) -> submission.grid.format (grid line)",
         "submission.tasks -> build.tiny (submission/ imports nothing of the kit outside it)"]

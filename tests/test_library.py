@@ -1,5 +1,6 @@
-"""submission.sandbox.library as a tool for real program sets: pairing by name, limits from the command line, the outcome
-table and its JSON, no sandbox folder left by a multi-worker run, and quiet exits when the reader closes the pipe."""
+"""submission.sandbox.library as a tool for real program sets: pairing by name, limits from the command line, the
+outcome table and its JSON, no sandbox folder left by a multi-worker run, and quiet exits when the reader closes the
+pipe."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def test_every_program_on_every_task_leaves_no_sandbox_folder(arc_data, tmp_path
 def test_a_closed_pipe_ends_the_sandbox_command_quietly(arc_data):
     read_end, write_end = os.pipe()
     os.close(read_end)  # `| head` that has already exited: every write fails with EPIPE
-    done = subprocess.run([sys.executable, "-m", "submission.sandbox.client", "--program", str(PROGRAMS / "3c9b0459.py"),
+    done = subprocess.run([sys.executable, "-m", "submission.sandbox", "--program", str(PROGRAMS / "3c9b0459.py"),
                            "--task", str(arc_data / "arc-agi-2" / "training" / "3c9b0459.json")], cwd=REPO,
                           stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
     os.close(write_end)

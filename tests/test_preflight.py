@@ -1,5 +1,5 @@
-"""Preflight (submission/kaggle/preflight.py): the pure checks on faked machines (device list, driver, disk, model config)
-against the shipped profiles and the committed locks, and the command on a bundle folder on this machine."""
+"""Preflight (submission/kaggle/preflight.py): the pure checks on faked machines (device list, driver, disk, model
+config) against the shipped profiles and the committed locks, and the command on a bundle folder on this machine."""
 
 from __future__ import annotations
 
@@ -230,7 +230,8 @@ def test_the_command_on_a_combined_bundle_without_its_grid_model(tmp_path):
     bundle = fake_bundle(tmp_path / "both", "both-tiny", CPU_LOCK, {"architectures": ["Qwen3ForCausalLM"]})
     (bundle / "grid-model").mkdir()
     (bundle / "grid-model" / "config.json").write_text(json.dumps(GRID_CONFIG))
-    command = [sys.executable, "-m", "submission.kaggle.preflight", "--work", str(tmp_path / "work"), "--bundle", str(bundle)]
+    command = [sys.executable, "-m", "submission.kaggle.preflight", "--work", str(tmp_path / "work"), "--bundle",
+               str(bundle)]
     passed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert passed.returncode == 0 and "ok   grid line: grid vocabulary" in passed.stdout, passed.stdout
     assert "ok   reasoning line: model architecture" in passed.stdout

@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from submission import heartbeat as hb
-from submission.kaggle.supervise import (Life, SuperviseConfig, decide, launched, no_relaunch, observe, relaunch_command,
-                                  supervise)
+from submission.kaggle.supervise import (Life, SuperviseConfig, decide, launched, no_relaunch, observe,
+                                         relaunch_command, supervise)
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = SuperviseConfig(hang_s=100.0, engine_start_s=500.0, max_restarts=3, restart_spacing_s=30.0,

@@ -4,7 +4,7 @@ when chosen (vLLM and torch are heavy, and the replay engine needs neither)."""
 
 from __future__ import annotations
 
-from submission.reasoning_profile import Profile
+from submission.reasoning.profile import Profile
 
 
 def make_engine(profile: Profile):

@@ -44,8 +44,8 @@ if __package__ in (None, ""):  # run as a script (kit/submission/kaggle/boot.py)
 
 from submission import engine_numbers  # noqa: E402
 from submission.kaggle import locked_install, mounts  # noqa: E402
-from submission.kaggle.bundle_files import (MANIFEST, MODEL_DIRS, disk_needed, join_split_files, manifest_problems,  # noqa: E402
-                                     materialise, mounted, top_levels)
+from submission.kaggle.bundle_files import (MANIFEST, MODEL_DIRS, disk_needed, join_split_files,  # noqa: E402
+                                            manifest_problems, materialise, mounted, top_levels)
 from submission.kaggle.mounts import COMPETITION, EVALUATION_FILE, EVALUATION_SOLUTIONS, TEST_FILE  # noqa: E402
 from submission.heartbeat import path_for_log  # noqa: E402
 from submission.kaggle.supervise import SuperviseConfig, supervise  # noqa: E402
@@ -101,8 +101,8 @@ def rehearsal_problems(task_ids: list[str], log_lines: list[str]) -> list[str]:
 
 def run_step(command: list[str], cwd: Path, env: dict, timeout: float, what: str, heartbeat: Path | None = None,
              supervision: SuperviseConfig = SuperviseConfig(), until=None) -> int:
-    """The solver under boot's supervisor (submission/kaggle/supervise.py): relaunched with --resume after an abnormal exit,
-    a hang or an endless engine start (read from its `heartbeat` file), what it left ended before each relaunch;
+    """The solver under boot's supervisor (submission/kaggle/supervise.py): relaunched with --resume after an abnormal
+    exit, a hang or an endless engine start (read from its `heartbeat` file), what it left ended before each relaunch;
     `until()` true ends it with SIGTERM. Its exit status (0 also when `until` ended it); BootError when it outlives
     `timeout` (killed then, its processes with it)."""
     try:
@@ -122,9 +122,9 @@ def own_settings() -> dict:
 
 
 def prepare_answer_file(args: argparse.Namespace, competition: str, rerun: bool) -> tuple[Path | None, dict | None]:
-    """The test file (by the competition's mount, submission.kaggle.mounts) and the complete [[0]] answer file written from it
-    before anything else, so the output exists whatever fails later. A commit run that cannot tell which test file
-    is the competition's raises after the file is written."""
+    """The test file (by the competition's mount, submission.kaggle.mounts) and the complete [[0]] answer file written
+    from it before anything else, so the output exists whatever fails later. A commit run that cannot tell which test
+    file is the competition's raises after the file is written."""
     choice = (mounts.Choice(args.tasks, f"--tasks {args.tasks}") if args.tasks else
               mounts.find(args.input, TEST_FILE, competition, rerun))
     print(f"boot: {choice.note}", flush=True)

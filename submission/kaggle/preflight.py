@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from submission.kaggle.bundle_files import MODEL_DIRS, split_parts
-from submission.reasoning_profile import Profile
+from submission.reasoning.profile import Profile
 from submission.grid.config import GridProfile
 from submission.grid.format import VOCAB
 from submission.profiles import BothProfile, ProfileError, line_configs, load, path_of

@@ -49,16 +49,16 @@ from submission.cli import (
     watchdog,
     with_deadline,
 )
-from submission.reasoning_profile import Profile
+from submission.reasoning.profile import Profile
 from submission.engines.base import Engine, EngineDead
 from submission.heartbeat import HeartbeatWriter
 from submission.processes import become_subreaper, descendants, end_processes, leftovers
 from submission.profiles import to_toml
-from submission.prompt import render, task_text, tool_turn
+from submission.reasoning.prompt import render, task_text, tool_turn
 from submission.sandbox.client import Sandbox
 from submission.schedule import InputInfo, Level, Scheduler
 from submission.selection import Candidates
-from submission.solve import Attempts, Renderer, ToolTurn, estimated_ids, request_id
+from submission.reasoning.solve import Attempts, Renderer, ToolTurn, estimated_ids, request_id
 from submission.tasks import LoadError, TaskSet
 from submission.views import View
 
