@@ -135,7 +135,7 @@ both-dry-run: engine-env build-env
 
 # The core end to end without a model: the shipped example programs over ARC-AGI-2 training, scored.
 demo: env
-	$(PY) -m submission.library --tasks $(ARC_DATA)/arc-agi-2/training --programs examples/programs \
+	$(PY) -m submission.sandbox.library --tasks $(ARC_DATA)/arc-agi-2/training --programs examples/programs \
 	    --out $(OUT)/demo/submission.json
 
 # Forecast a 12-hour hidden-set run (240 tasks) of the moe-4xL4 profile from the shipped example log (synthetic:

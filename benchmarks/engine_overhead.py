@@ -64,7 +64,7 @@ def kit_prompts(model_dir: Path, requests: int) -> list[list[int]]:
     (a random-weight model never writes `<think>` itself, and a request without one is never counted)."""
     from transformers import AutoTokenizer
 
-    from submission.answer import THINK_START
+    from submission.reasoning.reply_grammar import THINK_START
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     texts = ["\n".join(" ".join(str((r * c + index) % 10) for c in range(6 + index % 3)) for r in range(4 + index // 2))
@@ -83,7 +83,8 @@ def kit_engine(model_dir: Path, config, prompts: list[list[int]]):
     from vllm.engine.arg_utils import EngineArgs
     from vllm.sampling_params import StructuredOutputsParams
 
-    from submission.answer import THINK_END, THINK_START, Reply, answer_grammar, banned_answer_ids, forced_end
+    from submission.reasoning.reply_grammar import (THINK_END, THINK_START, Reply, answer_grammar, banned_answer_ids,
+                                                    forced_end)
     from submission.engines.base import GenerationRequest
     from submission.engines.vllm import SUB_CONFIGS, engine_kwargs, kit_classes, open_thinking, sampling_kwargs
 

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from submission.grids import to_grid  # noqa: E402
-from submission.sandbox import Sandbox  # noqa: E402
+from submission.sandbox.client import Sandbox  # noqa: E402
 from submission.tasks import load_tasks  # noqa: E402
 
 ARC_DATA = Path(os.environ.get("ARC_DATA", REPO.parent / "shared" / "arc-data"))

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from submission.grids import to_grid  # noqa: E402
-from submission.sandbox import Sandbox  # noqa: E402
+from submission.sandbox.client import Sandbox  # noqa: E402
 from submission.tasks import Pair, Task  # noqa: E402
 from targets import Targets, spread  # noqa: E402
 

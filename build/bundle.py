@@ -12,7 +12,7 @@ build/ recorded them) and `dataset-metadata.json` for the Kaggle CLI. The manife
 uploads (upload_commands: `kaggle datasets create -p DIR --dir-mode tar`, one archive per top-level folder; the
 client never uploads dataset-metadata.json, so the manifest leaves it out, and a path it would leave out of an
 archive is refused before anything is copied). Files above `--max-file-bytes` are split into numbered parts and
-reassembled at boot (submission/boot.py). `verify` re-checks every hash and says what is wrong. A grid-line
+reassembled at boot (submission/kaggle/boot.py). `verify` re-checks every hash and says what is wrong. A grid-line
 profile (`line = "grid"`) bundles build.grid_vocab's 16-token checkpoint the same way; boot runs it through
 submission.main, which hands it to the grid line. A combined profile (`line = "both"`) takes two: `--model` the
 reasoning line's checkpoint into `model/`, `--grid-model` the 16-token grid model into `grid-model/`, both in the
@@ -36,9 +36,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from offline_wheels.lock import LOCKS, fetch, sha256, target as target_spec
-from submission.bundle_files import MODEL_DIRS, manifest_problems
-from submission.kaggle_mounts import COMPETITION
-from submission.supervise import SuperviseConfig
+from submission.kaggle.bundle_files import MODEL_DIRS, manifest_problems
+from submission.kaggle.mounts import COMPETITION
+from submission.kaggle.supervise import SuperviseConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 KIT_PATHS = ("submission", "profiles", "requirements", "examples")
@@ -228,7 +228,7 @@ def bundle(profile: str, model: Path, out: Path, target: str = "cpu-py311", data
     checkpoint and `grid_model` the grid line's. `adapter` (the grid line's fine-tuned PEFT adapter) goes inside the
     grid model's folder where the profile's model.adapter names it (issue 29: the run loads it on the base).
     `competition` is the slug whose mount boot reads the tasks from; `boot` overrides boot's supervision of the
-    solver (submission.supervise.SuperviseConfig's fields)."""
+    solver (submission.kaggle.supervise.SuperviseConfig's fields)."""
     line = bundled_line(profile)
     boot = asdict(SuperviseConfig(**(boot or {})))  # unknown fields refused before anything is copied
     if (line == "both") != (grid_model is not None):

@@ -22,8 +22,8 @@ def calibration_prompts(model_dir: str | Path, tasks, samples: int) -> list[list
     """The first test input of up to `samples` tasks, rendered exactly as the solver sends them."""
     from transformers import AutoTokenizer
 
-    from submission.config import PromptConfig
-    from submission.prompt import render
+    from submission.reasoning.profile import PromptConfig
+    from submission.reasoning.prompt import render
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return [render(tokenizer, task, 0, PromptConfig())[1] for task in list(tasks)[:samples]]

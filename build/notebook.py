@@ -6,12 +6,12 @@ Cell 1 writes a complete `[[0]]` submission.json from the competition's test fil
 mount, /kaggle/input/<COMPETITION>/, else the last match) before it touches the kit's dataset, so every later failure
 (no dataset attached, a crash, a failed install) still leaves a valid answer file; it never raises. Cell 2 finds the
 kit dataset (kit/bundle.json, or kit.tar / kit.zip when Kaggle kept the archive the client uploaded: then it extracts
-the kit to run its boot script), runs kit/submission/boot.py with the notebook's own start time and
+the kit to run its boot script), runs kit/submission/kaggle/boot.py with the notebook's own start time and
 the competition's slug, puts `[[0]]` answers back for every task boot left missing or broken (the kit's
-kaggle_mounts.keep_complete; the whole file when no kit could be read), and on the commit run (not the rerun) raises
-when boot failed or several kit datasets are attached: the rehearsal's verdict fails the commit loudly. Cell 1 picks
-the test file by the rule boot applies in full (submission/kaggle_mounts.py), repeated here in four lines because it
-must run before any kit is found. ARC_KIT_INPUT and ARC_KIT_WORKING override /kaggle/input and
+submission.kaggle.mounts.keep_complete; the whole file when no kit could be read), and on the commit run (not the rerun)
+raises when boot failed or several kit datasets are attached: the rehearsal's verdict fails the commit loudly. Cell 1
+picks the test file by the rule boot applies in full (submission/kaggle/mounts.py), repeated here in four lines because
+it must run before any kit is found. ARC_KIT_INPUT and ARC_KIT_WORKING override /kaggle/input and
 /kaggle/working (tests/test_notebook.py runs the cells that way).
 """
 
@@ -21,7 +21,7 @@ import argparse
 import json
 from pathlib import Path
 
-from submission.kaggle_mounts import COMPETITION
+from submission.kaggle.mounts import COMPETITION
 
 ROOT = Path(__file__).resolve().parents[1]
 ANSWER_CELL = '''# 1. A complete [[0]] submission.json from the competition's test file before anything else:
@@ -66,9 +66,9 @@ else:
     print(f"no arc-agi_test_challenges.json under {{INPUT}}: add the competition's data as an input "
           "(no answer file written)", file=sys.stderr)
 '''
-BOOT_CELL = '''# 2. Everything else happens in the kit dataset's boot script (kit/submission/boot.py): verify, install,
-#    preflight, then the hidden set (rerun) or a rehearsal on a few public tasks (commit run). A failed rehearsal
-#    fails the commit; the rerun never raises.
+BOOT_CELL = '''# 2. Everything else happens in the kit dataset's boot script (kit/submission/kaggle/boot.py): verify,
+#    install, preflight, then the hidden set (rerun) or a rehearsal on a few public tasks (commit run). A failed
+#    rehearsal fails the commit; the rerun never raises.
 import shutil, subprocess, tarfile, zipfile
 problem, kit = None, None
 KIT_WORK = os.path.join(os.path.dirname(os.path.abspath(WORKING)), "arc-kit-work")
@@ -77,7 +77,7 @@ KIT_WORK = os.path.join(os.path.dirname(os.path.abspath(WORKING)), "arc-kit-work
 def kit_folder(dataset):
     """The kit's folder: as mounted, or extracted from kit.tar / kit.zip (the Kaggle client's --dir-mode) when
     Kaggle kept the archive. boot.py checks every file against the manifest."""
-    if os.path.isfile(os.path.join(dataset, "kit", "submission", "boot.py")):
+    if os.path.isfile(os.path.join(dataset, "kit", "submission", "kaggle", "boot.py")):
         return os.path.join(dataset, "kit")
     for suffix in (".tar", ".zip"):
         archive = os.path.join(dataset, "kit" + suffix)
@@ -107,8 +107,8 @@ else:
         print(f"several kit datasets attached: using {{datasets[0]}} of {{', '.join(datasets)}}", file=sys.stderr)
     try:
         kit = kit_folder(datasets[0])
-        command = [sys.executable, os.path.join(kit, "submission", "boot.py"), "--bundle", datasets[0], "--input",
-                   INPUT, "--out-dir", WORKING, "--started", str(STARTED), "--competition", COMPETITION]
+        command = [sys.executable, os.path.join(kit, "submission", "kaggle", "boot.py"), "--bundle", datasets[0],
+                   "--input", INPUT, "--out-dir", WORKING, "--started", str(STARTED), "--competition", COMPETITION]
         code = subprocess.run(command).returncode
         problem = f"boot.py exited with status {{code}} (its messages are above)" if code else None
     except Exception as err:  # noqa: BLE001 - a broken kit must not stop the notebook
@@ -116,7 +116,7 @@ else:
 if ZERO is not None:  # whatever boot did, the answer file stays complete: broken tasks get their [[0]] back
     try:
         sys.path.insert(0, kit)
-        from submission.kaggle_mounts import keep_complete
+        from submission.kaggle.mounts import keep_complete
         replaced = keep_complete(__import__("pathlib").Path(ANSWER), ZERO)
     except Exception:  # noqa: BLE001 - no kit, or a broken one: the whole file is checked here instead
         try:

@@ -26,7 +26,7 @@ from build.bundle import PLACEHOLDER_ID, bundle, choose_dataset_id, upload_advic
 from build.patch_eot import PATCH_KEY, patch
 from build.prune import prune
 from build.quantize import calibrated_scales, quantize
-from submission.kaggle_mounts import COMPETITION
+from submission.kaggle.mounts import COMPETITION
 from submission.profiles import profile_line
 
 

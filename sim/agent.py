@@ -1,10 +1,10 @@
 """The tool agent in the simulator: an agent attempt as the chain of requests it was, with turns learned from logs.
 
 The solver logs each tool-agent attempt's tokens per turn (`turn_tokens`) and the tokens of the tool turns it wrote
-(`tool_tokens`; submission.solve). A simulated agent attempt runs its turns one after another on the serving model:
-turn k + 1 is submitted when turn k finishes, its prompt the first prompt plus every earlier turn's tokens and tool
-turns, prefilled again in full (the shipped MoE profile runs without prefix caching, and the serving model has none).
-The scheduler sees the attempt finish with its last turn, as in the solver.
+(`tool_tokens`; submission.reasoning.solve). A simulated agent attempt runs its turns one after another on the serving
+model: turn k + 1 is submitted when turn k finishes, its prompt the first prompt plus every earlier turn's tokens and
+tool turns, prefilled again in full (the shipped MoE profile runs without prefix caching, and the serving model has
+none). The scheduler sees the attempt finish with its last turn, as in the solver.
 
 Learned from the logs (`TurnModel.fit`): per number of turns, the mean share of an attempt's tokens in each turn, and
 the mean length of a tool turn. A record with several turns but no per-turn tokens (a log written before they were

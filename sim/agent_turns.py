@@ -4,16 +4,16 @@ a second check.
     python -m sim.agent_turns [--tasks ARC_DATA/arc-agi-2/evaluation] [--log sim/data/example_attempts.jsonl]
 
 Algorithm 7 (seed ~3441-3442) runs another turn while the budget leaves at least 1,000 thinking tokens after
-reserving the call, the tool response and the final turn. The kit's reserves (submission.tool_agent.ToolAgentConfig:
-`call_reserve`, `feedback_reserve`, `answer_reserve`) are the medians of what those take here, on every test input
-of the given tasks (`measure`), rounded up to a hundred tokens: what a turn usually takes, as the study's caps assume
-(59K + 8K + 4K thinking of a 75K budget leave 4K for two calls, two responses and the answer; the medians take 2.6K).
-A turn that takes more shortens the final turn's thinking, down to closing at once (submission.tool_agent.next_turn).
-The ones measured here:
+reserving the call, the tool response and the final turn. The kit's reserves
+(submission.reasoning.tool_agent.ToolAgentConfig: `call_reserve`, `feedback_reserve`, `answer_reserve`) are the medians
+of what those take here, on every test input of the given tasks (`measure`), rounded up to a hundred tokens: what a turn
+usually takes, as the study's caps assume (59K + 8K + 4K thinking of a 75K budget leave 4K for two calls, two responses
+and the answer; the medians take 2.6K). A turn that takes more shortens the final turn's thinking, down to closing at
+once (submission.reasoning.tool_agent.next_turn). The ones measured here:
 - the call: `check_transform`, a code block and the program, then the end of turn;
-- the tool response: submission.prompt.check_text for a program that fails (its output on each demonstration is the
-  demonstration's input, a plausible wrong program's), with its two failing pairs' grids, or without them, or cut,
-  to fit `feedback_max_tokens`, as the solver writes it (submission.tool_agent.within_tokens);
+- the tool response: submission.reasoning.prompt.check_text for a program that fails (its output on each demonstration
+  is the demonstration's input, a plausible wrong program's), with its two failing pairs' grids, or without them, or
+  cut, to fit `feedback_max_tokens`, as the solver writes it (submission.reasoning.tool_agent.within_tokens);
 - the final answer: the grid (the task's label) in rows, the program cue, the program and the fence.
 The programs are the 16 hand-written ones in examples/programs (a model's programs are likely longer, and a longer
 program makes the call and the answer longer alike). Tokens are counted as Qwen's tokenizer splits text before its
@@ -21,9 +21,9 @@ merges (`pretokens`): exact for grids (a digit, a space and a newline are one to
 whose rare identifiers BPE may split further. Approximate, as the README says.
 
 `preview` replays first turns against a budget: the attempts whose first turn, with its call and tool response,
-leaves no room for a second check (submission.tool_agent.next_turn). The study's 172-input preview of the 96K / 80K /
-8K / 4K configuration had 7 such attempts (seed ~3377-3380). No model runs here, so the first turns' thinking comes
-from an attempt log (the shipped example is synthetic: sim/example_log.py) cut at the first turn's cap, with the
+leaves no room for a second check (submission.reasoning.tool_agent.next_turn). The study's 172-input preview of the 96K
+/ 80K / 8K / 4K configuration had 7 such attempts (seed ~3377-3380). No model runs here, so the first turns' thinking
+comes from an attempt log (the shipped example is synthetic: sim/example_log.py) cut at the first turn's cap, with the
 measured call and response of a task drawn for each.
 """
 
@@ -38,13 +38,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from submission.answer import CALL_OPEN, FENCE
+from submission.reasoning.reply_grammar import CALL_OPEN, FENCE
 from submission.attempts import read_log
-from submission.config import EngineConfig
-from submission.prompt import check_text, grid_text
+from submission.reasoning.profile import EngineConfig
+from submission.reasoning.prompt import check_text, grid_text
 from submission.schedule import Level
 from submission.tasks import Task, load_tasks
-from submission.tool_agent import ToolAgentConfig, first_cap, next_turn, within_tokens
+from submission.reasoning.tool_agent import ToolAgentConfig, first_cap, next_turn, within_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = ROOT / "examples" / "programs"

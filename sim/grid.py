@@ -39,7 +39,7 @@ from sim.pool import AttemptPool
 from sim.run import simulate
 from sim.serving import ServingModel, SharedEngine
 from submission.attempts import AttemptRecord, read_log
-from submission.config import Profile
+from submission.reasoning.profile import Profile
 from submission.grid.config import GridProfile
 from submission.grid.queue import TaskQueue, task_cost
 from submission.grid.rescore import Candidate as GridCandidate

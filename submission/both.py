@@ -18,10 +18,10 @@ file is complete and valid throughout. The lines' time limit is MERGE_S short of
 before the last merge. A line that fails leaves the other's answers standing; a folder with an earlier run's logs is
 refused unless `--resume`. SIGTERM is passed on to both lines (each ends with its answers so far); after the last merge
 the run exits 143. `--scale-schedule` scales both lines' margins and caps to `--deadline` (the commit run's rehearsal,
-submission/boot.py). Off by default: only a `line = "both"` profile runs it. `--heartbeat PATH`: at every poll this
-process writes one heartbeat for the whole run (submission/heartbeat.py `combine`: the most advanced phase of the live
-lines, their counts summed), from each line's own heartbeat beside its log, so that boot's supervisor watches a combined
-run as it watches one line.
+submission/kaggle/boot.py). Off by default: only a `line = "both"` profile runs it. `--heartbeat PATH`: at every poll
+this process writes one heartbeat for the whole run (submission/heartbeat.py `combine`: the most advanced phase of the
+live lines, their counts summed), from each line's own heartbeat beside its log, so that boot's supervisor watches a
+combined run as it watches one line.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from submission import cli
-from submission.answers import AnswerFile, render_submission
+from submission.answer_file import AnswerFile, render_submission
 from submission.attempts import read_log
 from submission.heartbeat import HeartbeatError, HeartbeatWriter, path_for_log, read
 from submission.merge import merge_logs

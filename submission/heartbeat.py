@@ -6,7 +6,7 @@ JSON record (`Heartbeat`) at least once per loop iteration and at every phase ch
 "engine-start", "solving", "done"), pid, the wall-clock time, seconds in the phase, attempts finished, requests queued
 and running, the tokens its engine has generated, and what the engine measured of itself (vLLM's counts of drafts
 verified and accepted, preemptions, and the decode rate a running request gets: submission.engine_numbers). boot's
-supervisor (submission/supervise.py) reads it to tell a hang (work queued, yet no attempt finished and no token
+supervisor (submission/kaggle/supervise.py) reads it to tell a hang (work queued, yet no attempt finished and no token
 generated for a long time) and an engine start that never ends from a slow but healthy run; progress is any change of
 `attempts` or `engine_tokens`, so the supervisor never compares clocks across processes (`time` is for people reading
 the file).

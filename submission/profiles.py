@@ -1,9 +1,10 @@
 """Run profiles: one TOML file per run, the whole truth of it (STYLE 3); `load` reads any of them.
 
 A profile's `line` says which of three kinds it is, and so which dataclass it is read into:
-    (no line)      the reasoning line      submission.config.Profile      profiles/cpu-tiny.toml, dense-27b-4xL4.toml
-    line = "grid"  the grid-model line     submission.grid.config.GridProfile   profiles/grid-*.toml
-    line = "both"  both lines in one run   BothProfile (below)                  profiles/both-*.toml
+    (no line)      the reasoning line      submission.reasoning.profile.Profile  profiles/cpu-tiny.toml,
+                                                                                 profiles/dense-27b-4xL4.toml
+    line = "grid"  the grid-model line     submission.grid.config.GridProfile    profiles/grid-*.toml
+    line = "both"  both lines in one run   BothProfile (below)                   profiles/both-*.toml
 Unknown sections and keys are refused with the file, the section and the key (submission.strict_toml); `to_toml`
 writes every value back (a run's copy of its profile; the combined run hands each line its own). `profiles/NAME.toml`
 holds the shipped profiles. Standard library only besides the kit: preflight's machine stage loads profiles on
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from submission import strict_toml
-from submission.config import Profile
+from submission.reasoning.profile import Profile
 from submission.grid.config import GridProfile
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"

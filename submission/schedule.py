@@ -48,7 +48,7 @@ class Level(IntEnum):
     EXTRA = 3
 
 
-PLAIN_VIEW = (Level.FIRST, Level.REPAIR)  # levels prompted on the task as given (submission.solve.view_for)
+PLAIN_VIEW = (Level.FIRST, Level.REPAIR)  # levels prompted on the task as given (submission.reasoning.solve.view_for)
 
 
 @dataclass(frozen=True)

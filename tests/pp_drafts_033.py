@@ -137,7 +137,8 @@ def kv_cache_config(vllm_config, blocks: int):
 def main(options: dict) -> dict:
     from transformers import AutoTokenizer
 
-    from submission.answer import THINK_END, THINK_START, Reply, answer_grammar, banned_answer_ids, forced_end
+    from submission.reasoning.reply_grammar import (THINK_END, THINK_START, Reply, answer_grammar, banned_answer_ids,
+                                                    forced_end)
     from submission.engines.base import GenerationRequest
     from submission.engines.vllm import SUB_CONFIGS, engine_kwargs, scheduler_class, sampling_kwargs
     from submission.profiles import load_profile
@@ -226,7 +227,8 @@ def thinking_rows(options: dict) -> dict:
     the implicit reasoning ends the manager masks while the request reasons (`_masked_reasoning_ends`)."""
     from transformers import AutoTokenizer
 
-    from submission.answer import THINK_END, THINK_START, Reply, answer_grammar, banned_answer_ids, forced_end
+    from submission.reasoning.reply_grammar import (THINK_END, THINK_START, Reply, answer_grammar, banned_answer_ids,
+                                                    forced_end)
     from submission.engines.base import GenerationRequest
     from submission.engines.vllm import SUB_CONFIGS, engine_kwargs, sampling_kwargs
     from submission.profiles import load_profile

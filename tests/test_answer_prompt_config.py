@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from submission.answer import CALL_OPEN, Reply, answer_grammar, parse_answer
-from submission.config import EngineConfig
+from submission.reasoning.reply_grammar import CALL_OPEN, Reply, answer_grammar, parse_answer
+from submission.reasoning.profile import EngineConfig
 from submission.profiles import ProfileError, load_profile, to_toml
-from submission.prompt import grid_text, repair_text, task_text
+from submission.reasoning.prompt import grid_text, repair_text, task_text
 from submission.tasks import load_tasks
 from submission.views import reordered
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from submission.answers import AnswerFile, render_submission
+from submission.answer_file import AnswerFile, render_submission
 from submission.grids import EMPTY_ANSWER
 from submission.tasks import load_tasks
 
@@ -64,7 +64,7 @@ def test_the_answer_file_is_0644_whatever_the_umask_and_the_file_it_replaces(tmp
 
 WRITER = """
 import random, sys
-from submission.answers import AnswerFile
+from submission.answer_file import AnswerFile
 counts = {f"task{i:03d}": 1 + i % 3 for i in range(300)}
 answers = AnswerFile(sys.argv[1], counts)
 rng = random.Random(int(sys.argv[2]))

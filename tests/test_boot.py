@@ -1,6 +1,6 @@
-"""submission/boot.py: every wait ends before the time limit, and the commit run's rehearsal (the bundle's profile on
-a few public evaluation tasks, the schedule scaled to a short deadline) makes, writes and scores an attempt per task,
-or fails loudly. The rehearsal runs the real solver on the CPU target: the tiny random-weight Qwen3 and the hf
+"""submission/kaggle/boot.py: every wait ends before the time limit, and the commit run's rehearsal (the bundle's
+profile on a few public evaluation tasks, the schedule scaled to a short deadline) makes, writes and scores an attempt
+per task, or fails loudly. The rehearsal runs the real solver on the CPU target: the tiny random-weight Qwen3 and the hf
 engine (engine environment)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from submission import boot
+from submission.kaggle import boot
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,6 +1,6 @@
-"""submission/bundle_files.py: a kit dataset boots from whatever Kaggle mounts for each top-level folder (the folder,
-or the .tar / .zip the Kaggle client uploaded it as), every extracted file hashed against the manifest; split files
-are joined into a view of links, so the disk written is what the preflight counts."""
+"""submission/kaggle/bundle_files.py: a kit dataset boots from whatever Kaggle mounts for each top-level folder (the
+folder, or the .tar / .zip the Kaggle client uploaded it as), every extracted file hashed against the manifest; split
+files are joined into a view of links, so the disk written is what the preflight counts."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from submission.bundle_files import (disk_needed, join_split_files, manifest_problems, materialise, split_parts,
+from submission.kaggle.bundle_files import (disk_needed, join_split_files, manifest_problems, materialise, split_parts,
                                      top_levels)
 
 FILES = {"wheels/a-1.0-py3-none-any.whl": b"wheel a" * 1000, "wheels/b-2.0-py3-none-any.whl": b"wheel b",
-         "kit/bundle.json": b'{"profile": "cpu-tiny"}', "kit/submission/boot.py": b"print('boot')\n",
+         "kit/bundle.json": b'{"profile": "cpu-tiny"}', "kit/submission/kaggle/boot.py": b"print('boot')\n",
          "model/config.json": b"{}", "model/model.safetensors.part000": b"x" * 300,
          "model/model.safetensors.part001": b"y" * 100}
 
@@ -87,7 +87,7 @@ def test_a_corrupt_archive_member_is_named(tmp_path):
 
 
 def test_a_member_outside_its_folder_is_refused(tmp_path):
-    from submission.bundle_files import BundleError
+    from submission.kaggle.bundle_files import BundleError
 
     bundle = make_bundle(tmp_path)
     mount = archived(bundle, tmp_path / "mount", "tar", ("kit",))

@@ -109,8 +109,8 @@ def test_traces_use_the_solvers_prompt(tmp_path, arc_data):
     from transformers import AutoTokenizer
 
     from training.calibration_traces import make_traces
-    from submission.config import PromptConfig
-    from submission.prompt import render
+    from submission.reasoning.profile import PromptConfig
+    from submission.reasoning.prompt import render
     from submission.tasks import load_tasks
 
     model = tiny_moe(tmp_path / "m")

@@ -137,3 +137,23 @@ def test_the_tiny_model_runs_on_both_panels(corpus, panel, tmp_path, one_torch_t
     for name, folder in (("heldout", corpus / "heldout"), ("real", panel)):
         records = read_log(out / name / "attempts.jsonl")
         assert records and {r.task_id for r in records} <= set(ids(folder))  # the model ran on this panel's tasks
+
+
+def test_the_probe_gives_the_solver_the_arguments_its_command_line_would(tmp_path):
+    """The probe calls the solver's library function (submission.lines.run_profile, which submission.main calls) with
+    arguments built by submission.lines.arguments: they must be exactly what submission.main's parser gives for the
+    same options, defaults included, or a line reading an option the builder lacks would fail only in the probe."""
+    from submission.lines import arguments, entry_parser
+
+    parse = entry_parser("python -m submission.main", "doc").parse_args
+    assert vars(arguments(Path("t"), Path("o"))) == vars(parse(["--tasks", "t", "--out", "o"]))
+    every = ["--tasks", "t", "--out", "o", "--profile", "p", "--model", "m", "--log", "l", "--deadline", "5",
+             "--scale-schedule", "--solutions", "s", "--max-tasks", "2", "--resume", "--heartbeat", "h"]
+    assert vars(arguments(Path("t"), Path("o"), "p", model="m", log=Path("l"), deadline=5.0, scale_schedule=True,
+                          solutions=Path("s"), max_tasks=2, resume=True, heartbeat=Path("h"))) == vars(parse(every))
+    options = probe.argparse.Namespace(profile="p", model="m", deadline=5.0, scale_schedule=True, max_tasks=2)
+    built = probe.solver_arguments(options, tmp_path / "panel", tmp_path / "out")
+    assert vars(built) == vars(parse(["--tasks", str(tmp_path / "panel"), "--solutions", str(tmp_path / "panel"),
+                                      "--out", str(tmp_path / "out" / "submission.json"), "--log",
+                                      str(tmp_path / "out" / "attempts.jsonl"), "--profile", "p", "--model", "m",
+                                      "--deadline", "5", "--max-tasks", "2", "--scale-schedule"]))

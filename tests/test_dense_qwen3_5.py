@@ -181,7 +181,7 @@ def test_the_dense_bundle_carries_the_quantised_qwen3_5_and_passes_preflight(sou
 
     from build.bundle import verify
     from build.pipeline import run
-    from submission.preflight import Gpu, checks, gather
+    from submission.kaggle.preflight import Gpu, checks, gather
     from submission.profiles import load_profile
 
     tasks = tmp_path / "tasks"

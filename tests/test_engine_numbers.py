@@ -9,7 +9,8 @@ from dataclasses import asdict
 
 import pytest
 
-from submission import boot, engine_numbers
+from submission import engine_numbers
+from submission.kaggle import boot
 from submission.attempts import AttemptRecord
 from submission.engines.base import ThroughputMeter
 from submission.profiles import PROFILES

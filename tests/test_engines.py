@@ -15,10 +15,10 @@ import pytest
 pytest.importorskip("torch", reason="engine tests need the engine environment (make engine-env)")
 
 from build.tiny import make_checkpoint  # noqa: E402
-from submission.answer import THINK_END, Reply, parse_answer  # noqa: E402
-from submission.config import EngineConfig, PromptConfig  # noqa: E402
+from submission.reasoning.reply_grammar import THINK_END, Reply, parse_answer  # noqa: E402
+from submission.reasoning.profile import EngineConfig, PromptConfig  # noqa: E402
 from submission.engines.base import GenerationRequest  # noqa: E402
-from submission.prompt import render  # noqa: E402
+from submission.reasoning.prompt import render  # noqa: E402
 from submission.tasks import load_tasks  # noqa: E402
 
 CAP = 64
@@ -45,11 +45,12 @@ def requests(prompts):
 
 
 def second_turn(tiny, prompt, first) -> GenerationRequest:
-    """The tool agent's next turn after `first`: the conversation continued with a tool turn (submission.solve)."""
+    """The tool agent's next turn after `first`: the conversation continued with a tool turn
+    (submission.reasoning.solve)."""
     from transformers import AutoTokenizer
 
-    from submission.prompt import tool_turn
-    from submission.solve import continued
+    from submission.reasoning.prompt import tool_turn
+    from submission.reasoning.solve import continued
 
     tool_ids = tool_turn(AutoTokenizer.from_pretrained(tiny), "check_transform: 0 of 2 examples reproduced.",
                          PromptConfig())[1]

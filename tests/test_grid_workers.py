@@ -243,14 +243,14 @@ def test_a_worker_whose_device_fails_every_task_is_replaced_and_its_tasks_answer
 
 
 def test_a_grid_run_in_process_leaves_no_watchdog_behind(grid_model, arc_data, tmp_path):
-    """training.corpus probe runs the solver in its own process (`submission.main.main(argv, watchdog=False)`), once
-    per panel: a grid profile must not arm a watchdog there, or `os._exit` (or SIGALRM) ends the caller after the run
-    returns (issue 30). The run here takes a 3 s deadline; the caller then lives past it and says so."""
-    argv = ["--tasks", str(arc_data / "arc-agi-2" / "evaluation"), "--max-tasks", "1", "--profile", "grid-tiny",
-            "--model", str(grid_model), "--out", str(tmp_path / "submission.json"), "--deadline", "3",
-            "--scale-schedule"]
-    script = ("import sys, time\nfrom submission.main import main\n"
-              f"status = main({argv!r}, watchdog=False)\nprint('returned', status, flush=True)\ntime.sleep(5)\n"
+    """training.corpus probe runs the solver in its own process (`submission.lines.run_profile(args, watchdog=False)`),
+    once per panel: a grid profile must not arm a watchdog there, or `os._exit` (or SIGALRM) ends the caller after the
+    run returns (issue 30). The run here takes a 3 s deadline; the caller then lives past it and says so."""
+    kwargs = dict(profile="grid-tiny", model=str(grid_model), deadline=3, scale_schedule=True, max_tasks=1)
+    script = ("import sys, time\nfrom pathlib import Path\nfrom submission.lines import arguments, run_profile\n"
+              f"args = arguments(Path({str(arc_data / 'arc-agi-2' / 'evaluation')!r}), "
+              f"Path({str(tmp_path / 'submission.json')!r}), **{kwargs!r})\n"
+              "status = run_profile(args, watchdog=False)\nprint('returned', status, flush=True)\ntime.sleep(5)\n"
               "print('still alive', flush=True)\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1], capture_output=True,
                           text=True, timeout=120)

@@ -29,10 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("build", "training", "submission", "sim", "conformance", "offline_wheels", "benchmarks")
 # runnable modules imported for their functions by design (see the module docstring); each entry must be runnable
+# (submission.both's and submission.grid.main's `run` is their line's run, which submission.lines dispatches to)
 TOOLS = frozenset({
     "build.bundle", "build.calibrate", "build.grid_vocab", "build.patch_eot", "build.pipeline", "build.prune",
-    "build.quantize", "build.tiny", "offline_wheels.lock", "sim.example_log", "submission.sandbox", "submission.score",
-    "training.dataset", "training.rft"})
+    "build.quantize", "build.tiny", "offline_wheels.lock", "sim.example_log", "submission.both", "submission.grid.main",
+    "submission.sandbox.client", "submission.score", "training.dataset", "training.rft"})
 ENTRIES = frozenset({"main", "run"})  # what one command-line module may import from another
 
 
@@ -236,3 +237,84 @@ def test_build_and_training_meet_only_in_the_build_chain():
                    if {name.split(".")[0], target.split(".")[0]} == {"build", "training"}
                    and not (name.startswith("training.") and target == "build.pipeline"))
     assert not found, "build and training importing each other outside build.pipeline:\n" + "\n".join(found)
+
+
+def test_the_probe_runs_the_solver_through_its_library_function():
+    """training.corpus.probe runs the solver through submission.lines.run_profile (what submission.main calls), not
+    through the command line's entry and its argument list (issue 46)."""
+    modules = kit_modules()
+    imported = imports_of("training.corpus.probe", modules["training.corpus.probe"], set(modules))
+    assert "submission.lines" in imported and "submission.main" not in imported
+
+
+# The rooms of submission/ (issue 46), lowest first: each room's modules (a name ending in "." is a package prefix)
+# and the rooms it may import besides its own. The core imports no line; a line imports neither the other line nor
+# the profiles that name both; the runs (each line's run, the combined run, the one entry) stand on the profiles; the
+# Kaggle runtime checks bundles against the profiles but never imports a run (boot starts runs as processes).
+ROOMS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "core": (frozenset({"submission", "submission.grids", "submission.tasks", "submission.views", "submission.score",
+                        "submission.selection", "submission.answer_file", "submission.strict_toml",
+                        "submission.attempts", "submission.schedule", "submission.heartbeat", "submission.processes",
+                        "submission.progress", "submission.engine_numbers", "submission.cli"}), frozenset()),
+    "sandbox": (frozenset({"submission.sandbox", "submission.sandbox."}), frozenset({"core"})),
+    "reasoning line": (frozenset({"submission.reasoning", "submission.reasoning.", "submission.engines",
+                                  "submission.engines."}), frozenset({"core", "sandbox"})),
+    "grid line": (frozenset({"submission.grid", "submission.grid."}) - {"submission.grid.main"},
+                  frozenset({"core"})),
+    "profiles": (frozenset({"submission.profiles"}), frozenset({"core", "sandbox", "reasoning line", "grid line"})),
+    "runs": (frozenset({"submission.reasoning.run", "submission.grid.main", "submission.both", "submission.merge",
+                        "submission.lines", "submission.main"}),
+             frozenset({"core", "sandbox", "reasoning line", "grid line", "profiles"})),
+    "kaggle": (frozenset({"submission.kaggle", "submission.kaggle."}),
+               frozenset({"core", "reasoning line", "grid line", "profiles"})),
+    "aliases": (frozenset({"submission.boot", "submission.preflight", "submission.kaggle_mounts",
+                           "submission.library"}), frozenset({"kaggle", "sandbox"})),
+}
+
+
+def room_of(module: str) -> list[str]:
+    """The rooms whose lists name `module` (exactly one for every module of submission/; the exact name wins over a
+    package prefix, so `submission.grid.main` is a run, not the grid line)."""
+    exact = [room for room, (members, _) in ROOMS.items() if module in members]
+    return exact or [room for room, (members, _) in ROOMS.items()
+                     if any(m.endswith(".") and module.startswith(m) for m in members)]
+
+
+def test_every_module_of_submission_has_one_room():
+    found = {name: room_of(name) for name in kit_modules() if name.split(".")[0] == "submission"}
+    assert {name: rooms for name, rooms in found.items() if len(rooms) != 1} == {}
+
+
+def room_problems(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a submission/ module against the rooms, as `importer (room) -> imported (room)`."""
+    found = []
+    for name, targets in sorted(graph.items()):
+        if name.split(".")[0] != "submission":
+            continue
+        room = room_of(name)[0]
+        for target in sorted(targets):
+            if target.split(".")[0] != "submission":
+                found.append(f"{name} -> {target} (submission/ imports nothing of the kit outside it)")
+            elif room_of(target)[0] not in ROOMS[room][1] | {room}:
+                found.append(f"{name} ({room}) -> {target} ({room_of(target)[0]})")
+    return found
+
+
+def test_no_room_of_submission_imports_one_above_it():
+    found = room_problems(import_graph(kit_modules()))
+    assert not found, "imports against the rooms of submission/:\n" + "\n".join(found)
+
+
+def test_the_room_rule_catches_an_upward_import():
+    """The rule itself on the real graph with edges added: the core importing the reasoning line, a line importing
+    the other, the Kaggle runtime importing a run, submission/ importing build/ are each reported."""
+    graph = {name: set(targets) for name, targets in import_graph(kit_modules()).items()}
+    graph["submission.grids"].add("submission.reasoning.profile")
+    graph["submission.reasoning.prompt"].add("submission.grid.format")
+    graph["submission.kaggle.boot"].add("submission.main")
+    graph["submission.tasks"].add("build.tiny")
+    assert room_problems(graph) == [
+        "submission.grids (core) -> submission.reasoning.profile (reasoning line)",
+        "submission.kaggle.boot (kaggle) -> submission.main (runs)",
+        "submission.reasoning.prompt (reasoning line) -> submission.grid.format (grid line)",
+        "submission.tasks -> build.tiny (submission/ imports nothing of the kit outside it)"]

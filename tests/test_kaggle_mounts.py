@@ -1,4 +1,4 @@
-"""submission/kaggle_mounts.py: the competition's files are taken from the competition's own mount whatever else is
+"""submission/kaggle/mounts.py: the competition's files are taken from the competition's own mount whatever else is
 attached, an ambiguous choice fails the commit run (naming the paths) and is logged in the rerun, and the answer file
 is kept complete task by task (issue 27: the 2024 data's 100-task file was taken for the 240-task test set, and one
 task with another input count cost every task its answers)."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from submission.kaggle_mounts import COMPETITION, TEST_FILE, choose, find, keep_complete, merged, zero_submission
+from submission.kaggle.mounts import COMPETITION, TEST_FILE, choose, find, keep_complete, merged, zero_submission
 
 ROOT = Path("/kaggle/input")
 

@@ -22,7 +22,7 @@ pytest.importorskip("torch", reason="the tiny model needs torch (the build envir
 
 from build.bundle import CLIENT_IGNORES, DIR_MODE, bundle, client_ignored, upload_commands, verify  # noqa: E402
 from kaggle_client import archive_members, kaggle_cli, mount, run_client, tiny_bundle, upload  # noqa: E402
-from submission.boot import manifest_problems  # noqa: E402
+from submission.kaggle.boot import manifest_problems  # noqa: E402
 
 if kaggle_cli() is None:
     pytest.skip("no `kaggle` client in this environment: the build environment pins it", allow_module_level=True)

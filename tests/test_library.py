@@ -1,5 +1,6 @@
-"""submission.library as a tool for real program sets: pairing by name, limits from the command line, the outcome
-table and its JSON, no sandbox folder left by a multi-worker run, and quiet exits when the reader closes the pipe."""
+"""submission.sandbox.library as a tool for real program sets: pairing by name, limits from the command line, the
+outcome table and its JSON, no sandbox folder left by a multi-worker run, and quiet exits when the reader closes the
+pipe."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def program_folder(tmp_path: Path) -> Path:
 
 
 def library(*args: str, tmpdir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "submission.library", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "submission.sandbox.library", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, TMPDIR=str(tmpdir)))
 
 

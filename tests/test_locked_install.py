@@ -1,6 +1,6 @@
-"""Boot's locked install (submission/locked_install.py, issue 27 section 3): the real locks parse line for line, and
-on wheels built here (stdlib zipfile, no network, no torch) the whole lock lands in a venv of boot's own at exactly the
-locked versions, also when the "image" Python is seeded with conflicting versions of two locked packages and its
+"""Boot's locked install (submission/kaggle/locked_install.py, issue 27 section 3): the real locks parse line for line,
+and on wheels built here (stdlib zipfile, no network, no torch) the whole lock lands in a venv of boot's own at exactly
+the locked versions, also when the "image" Python is seeded with conflicting versions of two locked packages and its
 PYTHONPATH and PIP_* settings point at them; verify reports one line per changed distribution; a missing or corrupt
 wheel fails naming it; a copied venv works; an image without ensurepip still installs."""
 
@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from submission import locked_install
-from submission.locked_install import (InstallError, copy_environment, install_lock, installed_versions, isolated_env,
-                                       locked_files, locked_versions, mismatches, prepare, ready, verify)
+from submission.kaggle import locked_install
+from submission.kaggle.locked_install import (InstallError, copy_environment, install_lock, installed_versions,
+                                              isolated_env, locked_files, locked_versions, mismatches, prepare, ready,
+                                              verify)
 
 REPO = Path(__file__).resolve().parents[1]
 # The lock of the test wheelhouse: alpha (a top-level package with a console script) depends on Beta_Pkg and gamma,

@@ -52,8 +52,8 @@ def kaggle(tmp_path: Path, challenges: dict, boot: str | None, with_test_file: b
         if boot is REAL_BOOT:
             (kit / "submission").symlink_to(REPO / "submission")
         else:
-            (kit / "submission").mkdir()
-            (kit / "submission" / "boot.py").write_text(boot)
+            (kit / "submission" / "kaggle").mkdir(parents=True)
+            (kit / "submission" / "kaggle" / "boot.py").write_text(boot)
     return root
 
 
@@ -157,8 +157,8 @@ def test_a_kit_kept_as_an_archive_is_extracted_and_booted(tmp_path, challenges):
 
     root = kaggle(tmp_path, challenges, None)
     dataset = root / "differently-named-kit"
-    (dataset / "src" / "submission").mkdir(parents=True)
-    (dataset / "src" / "submission" / "boot.py").write_text(ECHO_BOOT)
+    (dataset / "src" / "submission" / "kaggle").mkdir(parents=True)
+    (dataset / "src" / "submission" / "kaggle" / "boot.py").write_text(ECHO_BOOT)
     (dataset / "src" / "bundle.json").write_text("{}")
     with tarfile.open(dataset / "kit.tar", "w") as tar:
         for path in sorted((dataset / "src").rglob("*")):
@@ -166,7 +166,7 @@ def test_a_kit_kept_as_an_archive_is_extracted_and_booted(tmp_path, challenges):
     result = run_notebook(tmp_path, rerun=False)
     assert result.returncode == 0, result.stderr
     assert f"'--bundle', '{dataset}'" in result.stdout
-    assert (tmp_path / "arc-kit-work" / "boot-kit" / "submission" / "boot.py").read_text() == ECHO_BOOT
+    assert (tmp_path / "arc-kit-work" / "boot-kit" / "submission" / "kaggle" / "boot.py").read_text() == ECHO_BOOT
 
 
 @pytest.mark.parametrize("rerun", [False, True])

@@ -50,7 +50,7 @@ def boot(root: Path, bundle_dir: Path, name: str, tasks: int = 3) -> subprocess.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_"))}
     env.update(PYTHONPATH=str(root / "guard"), HTTP_PROXY="http://127.0.0.1:9", HTTPS_PROXY="http://127.0.0.1:9",
                PIP_CONFIG_FILE=os.devnull)
-    command = [str(venv / "bin" / "python"), str(bundle_dir / "kit" / "submission" / "boot.py"), "--bundle",
+    command = [str(venv / "bin" / "python"), str(bundle_dir / "kit" / "submission" / "kaggle" / "boot.py"), "--bundle",
                str(bundle_dir), "--input", str(root / "input"), "--out-dir", str(root / f"out-{name}"),
                "--rehearsal-tasks", str(tasks), "--rehearsal-deadline", "600"]
     if shutil.which("unshare") and subprocess.run(["unshare", "-n", "true"]).returncode == 0:

@@ -15,7 +15,7 @@ from build.bundle import bundle, verify  # noqa: E402
 from build.pipeline import chain, run  # noqa: E402
 from build.tiny import make_checkpoint  # noqa: E402
 from offline_wheels.lock import sha256  # noqa: E402
-from submission.bundle_files import join_split_files  # noqa: E402
+from submission.kaggle.bundle_files import join_split_files  # noqa: E402
 
 
 def test_prune_patch_quantise_bundle(tmp_path):

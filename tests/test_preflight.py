@@ -1,5 +1,5 @@
-"""Preflight (submission/preflight.py): the pure checks on faked machines (device list, driver, disk, model config)
-against the shipped profiles and the committed locks, and the command on a bundle folder on this machine."""
+"""Preflight (submission/kaggle/preflight.py): the pure checks on faked machines (device list, driver, disk, model
+config) against the shipped profiles and the committed locks, and the command on a bundle folder on this machine."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from submission.preflight import GIB, Facts, Gpu, checks, cuda_major, gather, parse_nvidia_smi, report
+from submission.kaggle.preflight import GIB, Facts, Gpu, checks, cuda_major, gather, parse_nvidia_smi, report
 from submission.profiles import load_grid_profile, load_profile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,7 +144,7 @@ def test_the_command_refuses_a_four_gpu_profile_on_this_machine(tmp_path):
     """End to end on this machine (no GPU here; one on a lent GPU box): the MoE profile needs four."""
     ok = fake_bundle(tmp_path / "cpu", "cpu-tiny", CPU_LOCK, {"architectures": ["Qwen3ForCausalLM"]})
     moe = fake_bundle(tmp_path / "moe", "moe-4xL4", GPU_LOCK, MOE_CONFIG)
-    command = [sys.executable, "-m", "submission.preflight", "--work", str(tmp_path / "work"), "--bundle"]
+    command = [sys.executable, "-m", "submission.kaggle.preflight", "--work", str(tmp_path / "work"), "--bundle"]
     passed = subprocess.run(command + [str(ok)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert passed.returncode == 0 and passed.stdout.startswith("preflight: ok"), passed.stdout + passed.stderr
     refused = subprocess.run(command + [str(moe)], cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -170,7 +170,7 @@ def kaggle_both(**changes) -> tuple[Facts, Facts]:
 
 
 def both_failed(profile, facts: Facts, grid_facts: Facts) -> dict[str, str]:
-    from submission.preflight import both_checks
+    from submission.kaggle.preflight import both_checks
     from submission.profiles import line_configs, load_both_profile
 
     both = load_both_profile(profile)
@@ -179,7 +179,7 @@ def both_failed(profile, facts: Facts, grid_facts: Facts) -> dict[str, str]:
 
 
 def test_a_combined_bundle_checks_each_line_on_its_share_of_the_gpus():
-    from submission.preflight import both_checks
+    from submission.kaggle.preflight import both_checks
     from submission.profiles import line_configs, load_both_profile
 
     both = load_both_profile("both-4xL4")
@@ -230,7 +230,8 @@ def test_the_command_on_a_combined_bundle_without_its_grid_model(tmp_path):
     bundle = fake_bundle(tmp_path / "both", "both-tiny", CPU_LOCK, {"architectures": ["Qwen3ForCausalLM"]})
     (bundle / "grid-model").mkdir()
     (bundle / "grid-model" / "config.json").write_text(json.dumps(GRID_CONFIG))
-    command = [sys.executable, "-m", "submission.preflight", "--work", str(tmp_path / "work"), "--bundle", str(bundle)]
+    command = [sys.executable, "-m", "submission.kaggle.preflight", "--work", str(tmp_path / "work"), "--bundle",
+               str(bundle)]
     passed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert passed.returncode == 0 and "ok   grid line: grid vocabulary" in passed.stdout, passed.stdout
     assert "ok   reasoning line: model architecture" in passed.stdout
@@ -242,7 +243,7 @@ def test_the_command_on_a_combined_bundle_without_its_grid_model(tmp_path):
 
 def test_the_machine_stage_checks_the_gpus_and_driver_each_line_needs():
     """The machine stage (before the wheels): the GPU count and the driver, as the full preflight words them."""
-    from submission.preflight import both_machine_checks, machine_checks
+    from submission.kaggle.preflight import both_machine_checks, machine_checks
     from submission.profiles import line_configs, load_both_profile
 
     machine = kaggle_moe().machine
@@ -286,7 +287,7 @@ def test_the_machine_stage_runs_on_a_bare_python_before_the_wheels(tmp_path, pro
     no_numpy = subprocess.run(python + ["-c", "import numpy"], capture_output=True, text=True, timeout=60)
     assert no_numpy.returncode == 1 and "No module named 'numpy'" in no_numpy.stderr  # the premise
     bundle = fake_bundle(tmp_path / "bundle", profile, GPU_LOCK, {})
-    command = python + ["-m", "submission.preflight", "--bundle", str(bundle), "--stage", "machine"]
+    command = python + ["-m", "submission.kaggle.preflight", "--bundle", str(bundle), "--stage", "machine"]
 
     def stage(gpus: int, driver: str) -> subprocess.CompletedProcess:
         path = fake_nvidia_smi(tmp_path / f"bin-{gpus}-{driver}", gpus, driver)

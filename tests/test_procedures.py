@@ -11,7 +11,7 @@ import pytest
 from submission.engines.base import GenerationRequest
 from submission.engines.vllm import engine_kwargs, sampling_kwargs
 from submission.profiles import load_profile
-from submission.prompt import task_text
+from submission.reasoning.prompt import task_text
 from submission.schedule import InputInfo, Level, Outcome, Request, Scheduler
 from submission.selection import Candidates
 from submission.tasks import Pair, Task
@@ -232,8 +232,8 @@ def test_rft_rows_and_inference_share_the_dense_prompt(tmp_path):
     the dense profile's JSON prompt becomes a row under that profile and is refused under a row-wise one."""
     pytest.importorskip("transformers", reason="rows need a tokenizer (make engine-env)")
     from build.tiny import make_tokenizer
-    from submission.config import PromptConfig
-    from submission.prompt import render
+    from submission.reasoning.profile import PromptConfig
+    from submission.reasoning.prompt import render
     from training.dataset import PromptMismatch, rows_from_traces
     from training.traces import known_trace
 
@@ -297,7 +297,7 @@ def test_a_bad_grid_format_is_refused_with_the_key(tmp_path):
 def test_the_program_cue_is_the_studys(profile):
     """The cue after the grid asks for "The transformation above, written as a self-contained Python function" and
     opens a code block with `def transform(grid):` (study ~2341-2343); the answer grammar forces it verbatim."""
-    from submission.answer import answer_grammar
+    from submission.reasoning.reply_grammar import answer_grammar
 
     cue = load_profile(profile).engine.program_cue
     words = "The transformation above, written as a self-contained Python function"

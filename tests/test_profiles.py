@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from submission.config import Profile
+from submission.reasoning.profile import Profile
 from submission.grid.config import GridProfile
 from submission.profiles import (PROFILES, BothProfile, ProfileError, load, load_both_profile, load_grid_profile,
                                  profile_line, to_toml)

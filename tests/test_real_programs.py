@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from submission.sandbox import Sandbox, Status
+from submission.sandbox.client import Sandbox, Status
 from submission.tasks import load_tasks
 
 RIGHT = sorted((Path(__file__).parents[1] / "examples" / "programs").glob("*.py"))  # also the demo's library
@@ -55,7 +55,7 @@ def test_cli_prints_a_json_report(arc_data):
     import sys
 
     program = next(p for p in RIGHT if p.stem == "74dd1130")
-    out = subprocess.run([sys.executable, "-m", "submission.sandbox", "--program", str(program), "--task",
+    out = subprocess.run([sys.executable, "-m", "submission.sandbox.client", "--program", str(program), "--task",
                           str(arc_data / "arc-agi-2" / "training" / "74dd1130.json")],
                          cwd=Path(__file__).parents[1], capture_output=True, text=True, check=True).stdout
     report = json.loads(out)

@@ -18,8 +18,8 @@ except ImportError:
 import torch  # noqa: E402
 
 from build.tiny import make_checkpoint  # noqa: E402
-from submission.config import PromptConfig  # noqa: E402
-from submission.prompt import render  # noqa: E402
+from submission.reasoning.profile import PromptConfig  # noqa: E402
+from submission.reasoning.prompt import render  # noqa: E402
 from submission.tasks import load_tasks  # noqa: E402
 from training.dataset import completion_ids, make_row, write_rows  # noqa: E402
 from training.memory import MemoryPlan, chunk_mlps, row_loss  # noqa: E402

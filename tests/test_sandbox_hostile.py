@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from submission.sandbox import SERVER, Sandbox, SandboxLimits, Status
+from submission.sandbox.client import SERVER, Sandbox, SandboxLimits, Status
 from submission.tasks import load_tasks
 
 HOSTILE = sorted((Path(__file__).parent / "hostile").glob("*.py"))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from submission.answers import render_submission
+from submission.answer_file import render_submission
 from submission.grids import EMPTY_ANSWER
 from submission.score import score
 from submission.tasks import load_labels, load_tasks

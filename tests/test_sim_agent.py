@@ -124,9 +124,9 @@ def test_the_previews_share_without_room_for_a_second_check(arc_data):
     (The share the study saw is not reproduced: with the measured sizes a first turn at its cap still has room, so
     the preview's 7 left no room for a reason the budget alone does not give, such as its deadline.)"""
     from sim.agent_turns import KIT_BEFORE, PREVIEW, PROGRAMS, first_turns, measure, preview, reserves
-    from submission.config import EngineConfig
+    from submission.reasoning.profile import EngineConfig
     from submission.tasks import load_tasks
-    from submission.tool_agent import ToolAgentConfig
+    from submission.reasoning.tool_agent import ToolAgentConfig
 
     tasks = load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks
     programs = [p.read_text() for p in sorted(PROGRAMS.glob("*.py"))]

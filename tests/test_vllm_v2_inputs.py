@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsContext, LogitsProcRequestState  # noqa: E402
 
-from submission.answer import CHAT_TOKENS  # noqa: E402
+from submission.reasoning.reply_grammar import CHAT_TOKENS  # noqa: E402
 from submission.engines.vllm_logits_v2 import MAX_BANNED, AnswerTemperature  # noqa: E402
 
 BUFFERS = "vllm/v1/worker/gpu/buffer_utils.py"

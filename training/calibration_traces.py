@@ -20,9 +20,9 @@ import argparse
 import json
 from pathlib import Path
 
-from submission.answer import THINK_END
-from submission.config import EngineConfig, PromptConfig
-from submission.prompt import grid_text, render
+from submission.reasoning.reply_grammar import THINK_END
+from submission.reasoning.profile import EngineConfig, PromptConfig
+from submission.reasoning.prompt import grid_text, render
 from submission.tasks import Task, load_tasks
 from training.corpus import mix
 

@@ -3,8 +3,8 @@
     python -m training.dataset --traces traces.jsonl --tasks DIR --model DIR --out rows.jsonl [--profile NAME]
                                [--targets grid|grid+program]
 
-Each row is `input_ids` = prompt ids exactly as the solver sent them (submission.prompt.render) + completion ids,
-and `labels` = -100 over the prompt, the completion ids after it (what TRL calls a completion mask). The completion
+Each row is `input_ids` = prompt ids exactly as the solver sent them (submission.reasoning.prompt.render) + completion
+ids, and `labels` = -100 over the prompt, the completion ids after it (what TRL calls a completion mask). The completion
 is the recipe's target (`--targets`):
 - `grid` (the default, RFT v1, the study's 44.03 model; SPEC 9): the thinking as sampled, `</think>`, the grid, end of
   turn. The program cue and the program are cut off: the study's later sets that added programs did not help.
@@ -24,8 +24,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from submission.config import PromptConfig
-from submission.prompt import render
+from submission.reasoning.profile import PromptConfig
+from submission.reasoning.prompt import render
 from submission.tasks import Task
 from submission.views import View
 
@@ -77,7 +77,7 @@ def completion_ids(tokenizer, thinking: str, answer: str) -> list[int]:
 def grid_part(answer: str) -> str | None:
     """The answer's leading newlines and grid rows with their newline, without what follows (cue, program); None
     when it has no grid. Pure."""
-    from submission.answer import parse_answer
+    from submission.reasoning.reply_grammar import parse_answer
 
     parsed = parse_answer(answer)
     if parsed.grid is None:
@@ -113,7 +113,7 @@ def rows_from_traces(records: list[dict], tasks: dict[str, Task], tokenizer, con
                             len(r["completion_ids"]), payload=r))
     if targets not in TARGETS or (targets == "grid+program" and verify is None):
         raise ValueError(f"targets must be one of {TARGETS} (grid+program needs a program check), not {targets!r}")
-    from submission.answer import THINK_END, parse_answer
+    from submission.reasoning.reply_grammar import THINK_END, parse_answer
 
     kept, dropped = select(traces, filters or FilterConfig())
     think_end = tokenizer.convert_tokens_to_ids(THINK_END)
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.targets == "grid":
         rows, dropped = rows_from_traces(records, tasks, tokenizer, profile.prompt)
     else:
-        from submission.sandbox import Sandbox
+        from submission.sandbox.client import Sandbox
 
         with Sandbox(profile.sandbox) as sandbox:
             rows, dropped = rows_from_traces(records, tasks, tokenizer, profile.prompt, targets=args.targets,

@@ -7,8 +7,8 @@
 
 Every labelled test input is sampled `--attempts` times at thinking cap `--cap`, with seeds from (task, test input,
 attempt, "rft") by a stable hash, so reruns and other machines make the same requests. The prompt is the inference
-prompt (submission.prompt.render through the model's tokenizer, with the `--profile`'s `[prompt]`: its grid format
-among the rest), and each line stores its token ids, the completion's
+prompt (submission.reasoning.prompt.render through the model's tokenizer, with the `--profile`'s `[prompt]`: its grid
+format among the rest), and each line stores its token ids, the completion's
 token ids exactly as sampled, the parsed grid and the label. Tasks listed in `--held-out` are never sampled.
 `--leave-one-out` (for evaluation tasks) also makes views where a test pair becomes a demonstration and a
 demonstration becomes the query. Resumable: requests already in --out are skipped. `--inject-known` (demos only) adds
@@ -26,10 +26,10 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from submission.answer import THINK_END, parse_answer
+from submission.reasoning.reply_grammar import THINK_END, parse_answer
 from submission.engines.base import GenerationRequest
 from submission.profiles import load_profile
-from submission.prompt import grid_text, render
+from submission.reasoning.prompt import grid_text, render
 from submission.schedule import stable_seed
 from submission.tasks import Pair, Task, load_tasks
 from training.corpus import mix

@@ -1,10 +1,15 @@
 """The engines behind one protocol (base: `GenerationRequest` in, `Completion` out): hf (transformers), vllm
 (in-process AsyncLLM), replay (logged attempts). `make_engine` builds the one a profile names; each is imported only
-when chosen (vLLM and torch are heavy, and the replay engine needs neither)."""
+when chosen (vLLM and torch are heavy, and the replay engine needs neither).
+
+Part of the reasoning line's room: may import submission's core and submission/reasoning/ (the reply grammar, the
+profile types, the prompt), never its run, the profiles, the grid line or submission/kaggle/ (tests/test_imports.py).
+vllm_logits*.py and vllm_scheduler.py import nothing of the kit: vLLM loads them by name in its workers.
+"""
 
 from __future__ import annotations
 
-from submission.config import Profile
+from submission.reasoning.profile import Profile
 
 
 def make_engine(profile: Profile):

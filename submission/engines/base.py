@@ -2,8 +2,8 @@
 
 An engine takes one request per attempt (prompt token ids, thinking cap, seed) and runs all of its phases itself:
 THINK up to the cap, the forced-close sentence and `</think>` at the cap, the answer grammar at the answer temperature
-(submission.answer; a tool agent's turns, `reply`, admit its `check_transform` call), end of turn. It returns a
-`Completion` with token counts and times; `abort` stops a request; `stats` gives per-window throughput (tokens
+(submission.reasoning.reply_grammar; a tool agent's turns, `reply`, admit its `check_transform` call), end of turn. It
+returns a `Completion` with token counts and times; `abort` stops a request; `stats` gives per-window throughput (tokens
 generated, running requests, and the engine's own counts of drafts, accepted drafts and preemptions where it has
 them: submission.engine_numbers), which `sim calibrate` fits.
 """
@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from submission.answer import Reply
+from submission.reasoning.reply_grammar import Reply
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 The same phases as the vLLM engine, done by hand in one decoding loop: THINK (T=0.6, top-p, top-k) until `</think>`
 or the cap; at the cap the forced-close sentence and `</think>` are fed as if sampled; then the answer grammar
-(submission.answer, compiled by xgrammar) masks every answer token, sampled at the answer temperature, until the
-grammar accepts end of turn or the answer limit. Requests are decoded together in static batches of up to
+(submission.reasoning.reply_grammar, compiled by xgrammar) masks every answer token, sampled at the answer temperature,
+until the grammar accepts end of turn or the answer limit. Requests are decoded together in static batches of up to
 `max_num_seqs` (a batch runs until its last member ends; new requests wait for the next batch): simple, and enough
 for tiny models. Generation runs in one worker thread; the async API only hands requests over.
 
@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from submission.answer import THINK_END, Reply, answer_grammar, banned_answer_ids, forced_end
-from submission.config import EngineConfig
+from submission.reasoning.reply_grammar import THINK_END, Reply, answer_grammar, banned_answer_ids, forced_end
+from submission.reasoning.profile import EngineConfig
 from submission.engines.base import Completion, EngineDead, GenerationRequest, ThroughputMeter
 
 THINK, FORCE, ANSWER, DONE = "think", "force", "answer", "done"

@@ -13,11 +13,11 @@ import asyncio
 import random
 import time
 
-from submission.answer import FENCE, THINK_END
+from submission.reasoning.reply_grammar import FENCE, THINK_END
 from submission.attempts import AttemptRecord
-from submission.config import EngineConfig
+from submission.reasoning.profile import EngineConfig
 from submission.engines.base import Completion, GenerationRequest, ThroughputMeter
-from submission.prompt import grid_text
+from submission.reasoning.prompt import grid_text
 
 
 class ReplayEngine:

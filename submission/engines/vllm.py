@@ -47,8 +47,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from submission.answer import THINK_END, THINK_START, Reply, answer_grammar, banned_answer_ids, forced_end
-from submission.config import EngineConfig
+from submission.reasoning.reply_grammar import (THINK_END, THINK_START, Reply, answer_grammar, banned_answer_ids,
+                                                forced_end)
+from submission.reasoning.profile import EngineConfig
 from submission.engines.base import Completion, EngineDead, GenerationRequest, ThroughputMeter
 
 # The answer-temperature class per model runner: use_v2_model_runner -> class vLLM loads by name.

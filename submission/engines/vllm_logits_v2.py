@@ -47,9 +47,9 @@ import triton.language as tl
 from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor
 
 _NEVER = np.iinfo(np.int64).max  # a local row position no row reaches
-# The most ids a request may ban: the kit bans submission.answer.CHAT_TOKENS, four (this module imports nothing of
-# the kit: vLLM loads it by name in every worker; tests/test_vllm_v2_inputs.py keeps the two in step). A power of two:
-# the kernel's tl.arange over a row's banned ids needs one.
+# The most ids a request may ban: the kit bans submission.reasoning.reply_grammar.CHAT_TOKENS, four (this module imports
+# nothing of the kit: vLLM loads it by name in every worker; tests/test_vllm_v2_inputs.py keeps the two in step). A
+# power of two: the kernel's tl.arange over a row's banned ids needs one.
 MAX_BANNED = 4
 BLOCK = 4096  # logits a kernel program divides: 38 blocks a row of a 152k vocabulary
 

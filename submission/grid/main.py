@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from submission import cli
-from submission.answers import render_submission
+from submission.answer_file import render_submission
 from submission.grid.config import GridProfile
 from submission.grid.format import LAYOUTS, FormatError, read_format
 from submission.profiles import ProfileError, load_grid_profile

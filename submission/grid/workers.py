@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
-from submission.answers import AnswerFile
+from submission.answer_file import AnswerFile
 from submission.attempts import AttemptLog, AttemptRecord, GridDetail, read_log, repair_log
 from submission.grid.config import GridProfile
 from submission.grid.queue import TaskQueue, task_cost

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-import submission.sandbox as sandbox_module
-from submission.sandbox import Sandbox, SandboxLimits, Status
+import submission.sandbox.client as sandbox_module
+from submission.sandbox.client import Sandbox, SandboxLimits, Status
 from submission.tasks import load_tasks
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,7 +86,7 @@ def test_a_failed_restart_is_a_crash_not_an_exception(task, monkeypatch):
 OWNER = """
 import os, sys, threading
 sys.path.insert(0, sys.argv[1])
-from submission.sandbox import Sandbox, SandboxLimits
+from submission.sandbox.client import Sandbox, SandboxLimits
 from submission.tasks import load_tasks
 task = load_tasks(sys.argv[2]).tasks[0]
 boxes = []

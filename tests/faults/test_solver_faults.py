@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from submission.answers import render_submission
+from submission.answer_file import render_submission
 from submission.attempts import AttemptRecord, read_log
 from submission.schedule import Level
 from submission.selection import Candidates
@@ -140,7 +140,7 @@ def test_sigterm_ends_the_run_cleanly_then_sigkill_and_resume_lose_nothing(setup
 
 DISK_FULL = """
 import errno, sys
-import submission.answers as answers
+import submission.answer_file as answers
 import submission.main as solver
 
 real, calls = answers.write_submission, [0]

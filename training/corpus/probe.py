@@ -5,11 +5,12 @@
 
 (also `python -m training.corpus.probe`, where `--panel` is `--real`'s other name.)
 
-It runs the solver (`submission.main.main`, in this process) once per panel: `heldout`, the corpus's `heldout/`
-split (generate's held-out rules, never mixed into training: training/corpus/mix.py), and `real`, a folder of ARC
-task files with their test outputs (default: $ARC_DATA/arc-agi-2/evaluation). `--profile --model --deadline
---scale-schedule --max-tasks` go to each run as they are, so each panel gets the whole deadline. Each panel's answer
-file, attempt log and profile land in OUT/<panel>/; each is scored by `submission.score.score` against the test
+It runs the solver (`submission.lines.run_profile`, the library function `submission.main` calls, in this process) once
+per panel: `heldout`, the corpus's `heldout/` split (generate's held-out rules, never mixed into training:
+training/corpus/mix.py), and `real`, a folder of ARC task files with their test outputs (default:
+$ARC_DATA/arc-agi-2/evaluation). `--profile --model --deadline --scale-schedule --max-tasks` go to each run as they are,
+so each panel gets the whole deadline. Each panel's answer file, attempt log and profile land in OUT/<panel>/; each is
+scored by `submission.score.score` against the test
 outputs of the tasks the run took (the first `--max-tasks` by id, as the solver takes them). It prints a table
 (panel, tasks, test inputs, right inputs, score) and writes the JSON (default OUT/probe.json) after every panel, so a
 run ended early keeps the panels it finished (the solver runs without its watchdog: its hard stop ends each
@@ -29,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from submission.answers import write_atomic
+from submission.answer_file import write_atomic
 from submission.grids import Grid
 from submission.score import score
 from submission.tasks import LoadError, load_tasks
@@ -99,14 +100,13 @@ def table(results: list[PanelResult]) -> str:
     return "\n".join(rows)
 
 
-def solver_argv(args: argparse.Namespace, folder: Path, out: Path) -> list[str]:
-    """The solver's command line for one panel: the pass-through options as given, the panel as tasks and solutions."""
-    argv = ["--tasks", str(folder), "--solutions", str(folder), "--out", str(out / "submission.json"),
-            "--log", str(out / "attempts.jsonl"), "--profile", args.profile]
-    for flag, value in (("--model", args.model), ("--deadline", args.deadline), ("--max-tasks", args.max_tasks)):
-        if value is not None:
-            argv += [flag, str(value)]
-    return argv + (["--scale-schedule"] if args.scale_schedule else [])
+def solver_arguments(args: argparse.Namespace, folder: Path, out: Path) -> argparse.Namespace:
+    """The solver's arguments for one panel: the pass-through options as given, the panel as tasks and solutions."""
+    from submission.lines import arguments  # the solver's modules load once the panels are checked
+
+    return arguments(folder, out / "submission.json", args.profile, model=args.model, log=out / "attempts.jsonl",
+                     deadline=args.deadline, scale_schedule=args.scale_schedule, solutions=folder,
+                     max_tasks=args.max_tasks)
 
 
 def read_answers(path: Path) -> Any:
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> list[PanelResult]:
             raise ProbeError(f"{args.out / name}: holds an earlier probe's attempt log; use a new --out")
     report = {"profile": args.profile, "model": args.model, "deadline": args.deadline,
               "scale_schedule": args.scale_schedule, "max_tasks": args.max_tasks, "panels": {}}
-    from submission.main import main as solve  # the solver's modules load once the panels are checked
+    from submission.lines import run_profile  # the solver's modules load once the panels are checked
 
     results = []
     for name, folder in panels.items():
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> list[PanelResult]:
         out.mkdir(parents=True, exist_ok=True)
         # no watchdog: with a short deadline it could end this process (and the other panel) between the solver's
         # hard stop and its return; the hard stop bounds the run, a stuck engine is for an outer `timeout`
-        status = solve(solver_argv(args, folder, out), watchdog=False)
+        status = run_profile(solver_arguments(args, folder, out), watchdog=False)
         if status == 2:  # the solver refused its arguments (it said why): the other panel would be refused too
             raise ProbeError(f"the solver refused the run on {folder} (see its error above)")
         answers = out / "submission.json"

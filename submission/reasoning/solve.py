@@ -1,9 +1,9 @@
 """One attempt end to end, and the candidates it adds: render, generate, parse, check, record.
 
 `Attempts.run` is the whole life of one scheduled attempt against an engine and the sandbox: one request, or the
-tool agent's turns for a first attempt when the profile turns it on (submission.tool_agent: the first turn calls
-`check_transform`, later turns call or answer; its result is Algorithm 7 lines 16-17: `agent_result`, `needs_direct`).
-The answers its records lead to are submission.selection's `Candidates`.
+tool agent's turns for a first attempt when the profile turns it on (submission.reasoning.tool_agent: the first turn
+calls `check_transform`, later turns call or answer; its result is Algorithm 7 lines 16-17: `agent_result`,
+`needs_direct`). The answers its records lead to are submission.selection's `Candidates`.
 """
 
 from __future__ import annotations
@@ -13,22 +13,23 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from submission import engine_numbers
-from submission.answer import ParsedAnswer, Reply, parse_answer
+from submission.reasoning.reply_grammar import ParsedAnswer, Reply, parse_answer
 from submission.attempts import AttemptRecord
-from submission.config import Profile
+from submission.reasoning.profile import Profile
 from submission.engines.base import Completion, Engine, GenerationRequest
 from submission.grids import Grid
-from submission.prompt import FIX, check_text, repair_text
-from submission.sandbox import CheckResult, Sandbox, Status
+from submission.reasoning.prompt import FIX, check_text, repair_text
+from submission.sandbox.client import CheckResult, Sandbox, Status
 from submission.schedule import PLAIN_VIEW, Level, Request
 from submission.tasks import Task
-from submission.tool_agent import (LAST_CHECK, NO_CALL, finished, first_cap, instructions, next_turn,
+from submission.reasoning.tool_agent import (LAST_CHECK, NO_CALL, finished, first_cap, instructions, next_turn,
                                    within_tokens)
 from submission.views import View, reordered
 
 # render(task, test_index, view, extra) -> prompt token ids
 Renderer = Callable[[Task, int, View, str], list[int]]
-# tool_turn(text) -> the ids that follow an assistant turn when a tool answers with `text` (submission.prompt.tool_turn)
+# tool_turn(text) -> the ids that follow an assistant turn when a tool answers with `text`
+# (submission.reasoning.prompt.tool_turn)
 ToolTurn = Callable[[str], list[int]]
 
 
@@ -111,8 +112,8 @@ class Attempts:
                     check, parsed.call and readable)
 
     async def _agent(self, request: Request, view: View, prompt: list[int]) -> tuple[list[Turn], int]:
-        """The tool agent's turns (submission.tool_agent): the first turn calls `check_transform`, later ones call or
-        answer; a call is run on the demonstrations and its results continue the conversation. Also returns the
+        """The tool agent's turns (submission.reasoning.tool_agent): the first turn calls `check_transform`, later ones
+        call or answer; a call is run on the demonstrations and its results continue the conversation. Also returns the
         tool turns' tokens."""
         config, reserve = self.profile.tool_agent, self.profile.engine.answer_max_tokens
         task = self.tasks[request.task_id]

@@ -2,42 +2,42 @@
 programs on the demonstrations before it answers.
 
 Every turn is one ordinary request: thinking up to the turn's cap (the forced close at the cap), then what the turn's
-grammar admits (submission.answer, `Reply`): the first turn a `check_transform` call (CALL_OPEN and a program) only,
-as Algorithm 7 line 4 has it ("emit a check_transform call; from the second turn on, the final grid and program are
-also allowed"); later turns a call or the answer (grid and `transform` program, which ends the attempt), the model's
-choice; the final turn the answer. An engine that ignores the grammar (a replayed or scripted completion) and answers
-on the first turn has its answer read as the call (submission.solve.as_call): not accepted, since the study accepts
-the final grid only from the second turn on, and not wasted, since its program is checked and shown as a call's. The
-prompt says so (`instructions`). The kit runs a call's program on the demonstrations and answers in a tool turn of
-the model's own chat template with the per-demonstration results; the next turn continues the same conversation: its
-prompt is the previous prompt, the ids as sampled and the tool turn, so an engine's prefix cache reuses all of it.
+grammar admits (submission.reasoning.reply_grammar, `Reply`): the first turn a `check_transform` call (CALL_OPEN and a
+program) only, as Algorithm 7 line 4 has it ("emit a check_transform call; from the second turn on, the final grid and
+program are also allowed"); later turns a call or the answer (grid and `transform` program, which ends the attempt), the
+model's choice; the final turn the answer. An engine that ignores the grammar (a replayed or scripted completion) and
+answers on the first turn has its answer read as the call (submission.reasoning.solve.as_call): not accepted, since the
+study accepts the final grid only from the second turn on, and not wasted, since its program is checked and shown as a
+call's. The prompt says so (`instructions`). The kit runs a call's program on the demonstrations and answers in a tool
+turn of the model's own chat template with the per-demonstration results; the next turn continues the same conversation:
+its prompt is the previous prompt, the ids as sampled and the tool turn, so an engine's prefix cache reuses all of it.
 
 Turns follow the study's rules (SPEC 5): at most `checks` checks; after a check, a later turn runs while at least
 `min_turn_thinking` thinking tokens fit the budget after reserving its call, the check's response and the final turn
 (the reserves: what those take, measured by sim.agent_turns), else the final turn comes; after the last check, or a
 check that finds the program train-perfect with a test output, the final turn comes too. The final turn admits no
 call and always ends the attempt: it thinks what is left of `final_thinking` after its answer, or closes at once
-when nothing is left (unless the deadline or the context cannot hold a request at all); a call whose program cannot be read (no grid and no closed call: cut
-by the answer limit, or thinking ended by end of turn) counts as a check, the model is told so and the loop goes on.
-The result (Algorithm 7 lines 16-17, submission.solve.agent_result and needs_direct): every checked program found
-train-perfect, in check order, then the final program if it passes, is a program candidate; every other program that
-ran with a test output joins the weak pool (submission.selection); only an infrastructure error that left neither a
-grid nor a checked program runs the direct attempt instead.
+when nothing is left (unless the deadline or the context cannot hold a request at all); a call whose program cannot be
+read (no grid and no closed call: cut by the answer limit, or thinking ended by end of turn) counts as a check, the
+model is told so and the loop goes on. The result (Algorithm 7 lines 16-17, submission.reasoning.solve.agent_result and
+needs_direct): every checked program found train-perfect, in check order, then the final program if it passes, is a
+program candidate; every other program that ran with a test output joins the weak pool (submission.selection); only an
+infrastructure error that left neither a grid nor a checked program runs the direct attempt instead.
 
 Approximation of SPEC, said in the README: the call is plain text under the grammar, not the chat template's
 tool-call tokens, and the tool is described in the user message, not in the template's tool list; the study's
 exact call format and tool description are not known.
 
 Pure: the configuration, the prompt's tool description, the turn caps under the budget, the stop rule and the tool
-turn's length limit (its text is submission.prompt.check_text, or NO_CALL). submission.solve runs the turns against
-the engine and the sandbox.
+turn's length limit (its text is submission.reasoning.prompt.check_text, or NO_CALL). submission.reasoning.solve runs
+the turns against the engine and the sandbox.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from submission.answer import CALL_OPEN, FENCE
+from submission.reasoning.reply_grammar import CALL_OPEN, FENCE
 from submission.grids import Grid
 
 
@@ -100,8 +100,8 @@ def next_turn(config: ToolAgentConfig, checks: int, used: int, single_input: boo
     """(thinking cap, is the final turn) of the turn after `checks` checks and `used` tokens (generated and tool
     turns); `limit`: the thinking tokens a request starting now may have (the deadline-aware cap, the context);
     `verified`: the last check found the program train-perfect with a test output (the final turn comes).
-    The attempt may still spend its budget less `used`, cut to `limit` and an answer. A later turn runs while checks remain and at
-    least `min_turn_thinking` fits after reserving its call (`call_reserve`), the tool's response
+    The attempt may still spend its budget less `used`, cut to `limit` and an answer. A later turn runs while checks
+    remain and at least `min_turn_thinking` fits after reserving its call (`call_reserve`), the tool's response
     (`feedback_reserve`) and the final turn (`final_thinking` and `answer_reserve`): Algorithm 7 line 3 (seed
     ~3441-3442); its cap is what fits, at most `later_thinking`. Otherwise the final turn: `final_thinking` within
     what is left after its answer and within `limit`; 0 when nothing is left: it closes at once and answers (line 14,

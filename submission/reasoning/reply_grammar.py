@@ -7,9 +7,9 @@ cue as a literal, so the engine forces it, and lets the body be anything without
 the fence.
 Equal row lengths are not context-free in general but are here: one alternative per width (30 of them).
 
-The tool agent's turns (submission.tool_agent) call `check_transform`: CALL_OPEN and the same bounded body in place
-of the grid. What a turn may write is its `Reply`: the first turn a call only (Algorithm 7 line 4, seed ~3443), later
-turns a call or the answer (the model's first answer token decides), the final turn and every other request the
+The tool agent's turns (submission.reasoning.tool_agent) call `check_transform`: CALL_OPEN and the same bounded body in
+place of the grid. What a turn may write is its `Reply`: the first turn a call only (Algorithm 7 line 4, seed ~3443),
+later turns a call or the answer (the model's first answer token decides), the final turn and every other request the
 answer only. A plain-text call rather than the chat template's tool-call tokens: one grammar serves every engine and
 template, and the call's program is read by the same parser as the answer's.
 """

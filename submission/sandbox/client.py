@@ -4,7 +4,7 @@
 
 Prints a JSON report: the active isolation layers, one record per pair (right, wrong, produced, invalid, error,
 timeout, crash), `train_perfect` and the test outputs. What the isolation covers and what it does not is stated in
-`submission/sandbox_server.py`; `Sandbox.layers` says which layers are active on this machine.
+`submission/sandbox/server.py`; `Sandbox.layers` says which layers are active on this machine.
 
 `Sandbox` keeps one warm server process (numpy imported, BLAS threads 1) that forks a child per check; it is
 thread-safe (one check at a time per instance: make several for parallel checks). A server that died between checks
@@ -34,7 +34,7 @@ from typing import Callable
 from submission.grids import Grid, GridError, from_cells, to_cells, to_json
 from submission.tasks import Task, load_tasks
 
-SERVER = Path(__file__).with_name("sandbox_server.py")
+SERVER = Path(__file__).with_name("server.py")
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from submission import engine_numbers
-from submission.answers import AnswerFile, render_submission
+from submission.answer_file import AnswerFile, render_submission
 from submission.attempts import AttemptLog, AttemptRecord, read_log, repair_log
 from submission.cli import (
     go_offline,
@@ -49,16 +49,16 @@ from submission.cli import (
     watchdog,
     with_deadline,
 )
-from submission.config import Profile
+from submission.reasoning.profile import Profile
 from submission.engines.base import Engine, EngineDead
 from submission.heartbeat import HeartbeatWriter
 from submission.processes import become_subreaper, descendants, end_processes, leftovers
 from submission.profiles import to_toml
-from submission.prompt import render, task_text, tool_turn
-from submission.sandbox import Sandbox
+from submission.reasoning.prompt import render, task_text, tool_turn
+from submission.sandbox.client import Sandbox
 from submission.schedule import InputInfo, Level, Scheduler
 from submission.selection import Candidates
-from submission.solve import Attempts, Renderer, ToolTurn, estimated_ids, request_id
+from submission.reasoning.solve import Attempts, Renderer, ToolTurn, estimated_ids, request_id
 from submission.tasks import LoadError, TaskSet
 from submission.views import View
 

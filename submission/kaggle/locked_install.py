@@ -1,6 +1,6 @@
 """Boot's own virtual environment, with every distribution of the lock at its locked version (issue 27, section 3).
 
-    from submission.locked_install import prepare
+    from submission.kaggle.locked_install import prepare
     python = prepare(sys.executable, Path("/tmp/arc-env"), bundle / "wheels", lock_text, timeout=3600)
 
 Installing the top-level requirements (`pip install -r requirements/runtime-gpu.txt`) into Kaggle's Python pins a dozen

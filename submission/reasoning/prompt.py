@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-from submission.config import PromptConfig
-from submission.answer import THINK_START
+from submission.reasoning.profile import PromptConfig
+from submission.reasoning.reply_grammar import THINK_START
 from submission.grids import Grid
 from submission.tasks import Task
 from submission.views import View

@@ -1,4 +1,5 @@
-"""The warm sandbox server: one forked child per program check. Started by `submission.sandbox.Sandbox`, never by hand.
+"""The warm sandbox server: one forked child per program check. Started by `submission.sandbox.client.Sandbox`, never
+by hand.
 
 Why a server: a fresh interpreter that imports numpy costs ~290 ms per check; forking a warm process that has already
 imported numpy costs a few ms (benchmarks/RESULTS.md). The server takes the checks' limits as JSON in argv[1], reads one
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Run as a script under `python -I`: make the kit importable without trusting PYTHONPATH or the working directory.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from submission.grids import from_cells, to_cells, to_grid  # noqa: E402
 
@@ -400,8 +401,8 @@ def _enter_private_folder() -> None:
 
 
 def main() -> None:
-    """argv[1]: the checks' limits as JSON (`submission.sandbox.SandboxLimits`), fixed for the server's life so that
-    every spare child is forked with them already applied."""
+    """argv[1]: the checks' limits as JSON (`submission.sandbox.client.SandboxLimits`), fixed for the server's life so
+    that every spare child is forked with them already applied."""
     limits = json.loads(sys.argv[1])
     parent = os.getppid()
     for name in WARM_MODULES:

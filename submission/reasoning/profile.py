@@ -3,9 +3,9 @@
     [engine]   kind, model, parallelism, KV cache, sampling and phase settings  (EngineConfig)
     [prompt]   rendering of tasks into the chat template                        (PromptConfig)
     [schedule] every number of SPEC section 5                                   (submission.schedule.ScheduleConfig)
-    [sandbox]  program-check limits                                             (submission.sandbox.SandboxLimits)
-    [tool_agent] first attempts that check their programs between turns     (submission.tool_agent.ToolAgentConfig)
-    [selection] which candidates an answer is chosen from                  (submission.selection.SelectionConfig)
+    [sandbox]  program-check limits                                 (submission.sandbox.client.SandboxLimits)
+    [tool_agent] first attempts that check their programs between turns         (tool_agent.ToolAgentConfig)
+    [selection] which candidates an answer is chosen from                       (submission.selection.SelectionConfig)
     [build]    how make bundle builds this profile's dataset                    (BuildConfig)
 
 Every field is documented where it is defined; submission.profiles reads and writes the files (unknown sections and
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from submission.sandbox import SandboxLimits
+from submission.sandbox.client import SandboxLimits
 from submission.schedule import ScheduleConfig
 from submission.selection import SelectionConfig
-from submission.tool_agent import ToolAgentConfig
+from submission.reasoning.tool_agent import ToolAgentConfig
 
 FORCED_CLOSE = "Considering the limited time by the user, I have to give the solution based on the thinking directly now."
 
