@@ -1,9 +1,11 @@
-"""Shared fixtures: the real ARC data (path overridable with ARC_DATA) and a check that tests leave the tree clean."""
+"""Shared fixtures: the real ARC data (path overridable with ARC_DATA), a check that tests leave the tree clean, and the
+locked vLLM 0.33.0 wheel's source (`v033`), read by the contract tests."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,3 +134,17 @@ def replay_profile():
         path.write_text(REPLAY_PROFILE.format(log=log, scale=scale))
         return path
     return write
+
+
+@pytest.fixture(scope="module")
+def v033():
+    """vLLM 0.33.0's source as the locked GPU wheel holds it (offline_wheels.source; fetched once into the kit's
+    cache, never installed); the test skips, saying why, where the wheel cannot be had."""
+    from offline_wheels.source import Source, fetch_wheel
+
+    try:
+        return Source(fetch_wheel("kaggle-gpu-py311", "vllm"))
+    except (SystemExit, OSError) as err:
+        reason = f"the locked vllm 0.33.0 wheel is unavailable, so its source cannot be read: {err}"
+        print(reason, file=sys.stderr)
+        pytest.skip(reason)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ast
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM's CPU build is in the engine environment (make engine-env)")
 torch = pytest.importorskip("torch")
 
-from offline_wheels.source import Source, fetch_wheel  # noqa: E402
+from offline_wheels.source import Source  # noqa: E402
 
 MODELS = "vllm/model_executor/models/"
 CT = "vllm/model_executor/layers/quantization/compressed_tensors/"
@@ -40,16 +39,6 @@ DECIDING = [(MODELS + "utils.py", None, "WeightsMapper"),
             ("vllm/model_executor/layers/quantization/utils/config_utils.py", None, "find_matching_patterns"),
             ("vllm/model_executor/model_loader/utils.py", None, "configure_quant_config")]
 BITS = {"NVFP4A16": 4, "FP8_DYNAMIC": 8}
-
-
-@pytest.fixture(scope="module")
-def v033() -> Source:
-    try:
-        return Source(fetch_wheel("kaggle-gpu-py311", "vllm"))
-    except (SystemExit, OSError) as err:
-        reason = f"the locked vllm 0.33.0 wheel is unavailable, so its source cannot be read: {err}"
-        print(reason, file=sys.stderr)
-        pytest.skip(reason)
 
 
 def definition(source: str, owner: str | None, name: str) -> str:

@@ -25,8 +25,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from offline_wheels.source import (Source, fetch_wheel, init_keywords, instance_attributes, is_property, method,
-                                   parameters)
+from offline_wheels.source import Source, init_keywords, instance_attributes, is_property, method, parameters
 from submission.engines.base import GenerationRequest
 from submission.engines.vllm import (LOGITS_PROCESSORS, SUB_CONFIGS, engine_kwargs, logits_processor, sampling_kwargs,
                                      scheduler_class)
@@ -35,16 +34,6 @@ from submission.profiles import PROFILES, is_grid_profile, load_profile
 INTERFACE = "vllm/v1/worker/gpu/sample/logits_processor/interface.py"
 LOADER = "vllm/v1/worker/gpu/sample/logits_processor/loader.py"
 THINK, BANNED, VOCAB = 7, [3, 5], 32  # a </think> id and chat-token ids of the synthetic batches
-
-
-@pytest.fixture(scope="module")
-def v033() -> Source:
-    try:
-        return Source(fetch_wheel("kaggle-gpu-py311", "vllm"))
-    except (SystemExit, OSError) as err:
-        reason = f"the locked vllm 0.33.0 wheel is unavailable, so its source cannot be read: {err}"
-        print(reason, file=sys.stderr)
-        pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")

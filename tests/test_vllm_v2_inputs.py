@@ -29,7 +29,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from offline_wheels.source import Source, fetch_wheel
+from offline_wheels.source import Source
 
 torch = pytest.importorskip("torch", reason="needs the engine environment (make engine-env)")
 pytest.importorskip("vllm.v1.worker.gpu.sample.logits_processor.interface", reason="needs vLLM's V2 interface")
@@ -48,16 +48,6 @@ RUNNER = "vllm/v1/worker/gpu/model_runner.py"
 REJECTION = "vllm/v1/worker/gpu/spec_decode/rejection_sampler.py"
 # A prime vocabulary: no other dimension of a step equals it, so a [rows, vocab] temporary is recognisable.
 THINK, BANNED, VOCAB = 7, [3, 5, 11, 13], 101
-
-
-@pytest.fixture(scope="module")
-def v033() -> Source:
-    try:
-        return Source(fetch_wheel("kaggle-gpu-py311", "vllm"))
-    except (SystemExit, OSError) as err:
-        reason = f"the locked vllm 0.33.0 wheel is unavailable, so its source cannot be read: {err}"
-        print(reason, file=sys.stderr)
-        pytest.skip(reason)
 
 
 def _apply_write_on_cpu(self) -> None:
