@@ -55,8 +55,9 @@ def test_kill_and_resume_keeps_every_finished_attempt_exactly_once(setup, arc_da
     cmd = main_cmd(folder, profile, arc_data / "arc-agi-2" / "evaluation")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # kill once a few attempts are in the log
+        # Kill once a few attempts are in the log, however long a loaded machine takes to write them (pytest's
+        # timeout bounds the wait; a wall-clock bound here failed on busy machines, issue 45's list of such tests).
+        while proc.poll() is None:
             if (folder / "run.jsonl").exists() and len((folder / "run.jsonl").read_text().splitlines()) >= 8:
                 break
             time.sleep(0.05)
