@@ -111,6 +111,6 @@ def run_problems(where: str, row: Any, lines: dict[int, str], passages: tuple[tu
         return [f"{where}: {row.setting}: the quote is from this run's passages ({spans}) but the row says it is "
                 "borrowed: remove borrowed"]
     if not own and not row.borrowed:
-        return [f"{where}: {row.setting}: the quote {row.quote!r} is from STUDY.md {list(row.seed)}, outside this run's "
-                f"passages ({spans}): cite the run's own lines, or say why these words give its value (borrowed)"]
+        return [f"{where}: {row.setting}: the quote {row.quote!r} is from STUDY.md {list(row.seed)}, outside this "
+                f"run's passages ({spans}): cite the run's own lines, or say why these words give its value (borrowed)"]
     return []
