@@ -136,7 +136,7 @@ def test_the_previews_share_without_room_for_a_second_check(arc_data):
     from submission.profiles import load
     from submission.reasoning.profile import EngineConfig
     from submission.tasks import load_tasks
-    from submission.reasoning.tool_agent import ToolAgentConfig, first_cap
+    from submission.reasoning.tool_agent import ToolAgentConfig, first_cap, next_turn, request_limit
 
     for config in (PREVIEW, STUDY_75K):  # the study's arithmetic, from its numbers alone
         assert spare_at_cap(config, True) == spare_at_cap(config, False) == 6_000
@@ -160,3 +160,11 @@ def test_the_previews_share_without_room_for_a_second_check(arc_data):
         capped = [t for t in firsts if t.thinking >= first_cap(config, t.single)]
         assert len(lost) > 7 and set(map(id, lost)) <= set(map(id, capped))
     assert len(lost) == 60 and preview(ToolAgentConfig(**{**PREVIEW.__dict__, **KIT_BEFORE}), engine, firsts) == 53
+    # The deadline can: moe-4xL4's cap formula (8 tokens/s, 240 s, 3,000) leaves no second check to a first check that
+    # ends within ~22.5 minutes (1,352 s) of the hard stop, as the solver computes the next turn's limit.
+    profile = load(PROFILE)
+    used = profile.tool_agent.first_thinking + 26 + 713  # a first turn at its cap, the median call and response
+    for before_stop, gone in ((1_400, False), (1_300, True)):
+        deadline = profile.schedule.cap(10 ** 9, profile.schedule.hard_stop - before_stop)
+        limit = request_limit(deadline, engine.max_model_len, 5_000 + used, engine.answer_max_tokens)
+        assert next_turn(profile.tool_agent, 1, used, True, limit)[1] is gone
