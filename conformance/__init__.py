@@ -11,7 +11,10 @@ Each `[section]` lists every setting of that section as `key = { ... }`, one of:
   { unstated = "why the kit's value", kit = VALUE }      the study gives no value: the kit's is recorded, and checked
 (`spec = "N"` cites a SPEC section where STUDY.md's excerpts are silent; `note` adds a remark.) A row that cites seed
 lines carries `quote`, the study's own words from them, from which its value must be readable (`reading` says how,
-where it cannot be read as a number or a word: conformance.quotes). Two reserved tables:
+where it cannot be read as a number or a word: conformance.quotes). The table's `passages = [[FIRST, LAST], ...]` are
+the STUDY.md lines that describe its run: a quote from elsewhere (another run's words, a step shared with another run)
+needs `borrowed`, why those words give this run's value, so a value copied from the wrong run with that run's lines
+does not pass. Two reserved tables:
 `[recipe]`, one row per module group of the profile's build.recipe (`module` names one of its modules; the value is
 the scheme the recipe gives it), and `[feature]`, the study engine's features beyond a setting of the kit (`nearest`
 names stock vLLM 0.33's closest setting; `kit_setting` the kit's setting that carries it, if any).
@@ -42,7 +45,7 @@ TABLES = ROOT / "docs" / "conformance"
 DOC = ROOT / "docs" / "conformance.md"
 STUDY = ROOT.parent / "shared" / "design" / "STUDY.md"  # the study's passages, beside the checkout (../shared)
 ROW_KEYS = {"study", "unstated", "kit", "seed", "spec", "departure", "note", "module", "nearest", "kit_setting",
-            "quote", "reading"}
+            "quote", "reading", "borrowed"}
 
 
 class TableError(strict_toml.TomlError):
@@ -64,6 +67,7 @@ class Row:
     kit_setting: str = ""  # feature rows: the kit's setting that carries the feature, if any
     quote: str = ""  # the study's words from the cited lines that give the value (conformance.quotes)
     reading: str = ""  # how the quote gives a value that cannot be read from it as a number or a word
+    borrowed: str = ""  # why words outside the run's passages (another run's, a shared step's) give this run's value
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ class Table:
     rows: tuple[Row, ...]  # settings
     recipe: tuple[Row, ...]
     features: tuple[Row, ...]
+    passages: tuple[tuple[int, int], ...] = ()  # the STUDY.md line ranges that describe this run
 
 
 def _row(setting: str, raw: Any, where: str) -> Row:
@@ -100,6 +105,8 @@ def _row(setting: str, raw: Any, where: str) -> Row:
         raise TableError(f"{where}: {setting}: a [recipe] row, and only one, names a module of its group (module)")
     if kind != "feature" and (row.nearest or row.kit_setting) or row.study is not None and row.kit is not None:
         raise TableError(f"{where}: {setting}: nearest and kit_setting belong to [feature] rows, kit to unstated rows")
+    if row.borrowed and not row.quote:
+        raise TableError(f"{where}: {setting}: borrowed says why a quote from another run gives the value: no quote")
     if not all(isinstance(n, int) for n in row.seed):
         raise TableError(f"{where}: {setting}: seed lists STUDY.md line numbers, got {list(row.seed)}")
     return row
@@ -110,6 +117,12 @@ def load_table(path: str | Path) -> Table:
     raw = strict_toml.read(path, TableError)
     if ("profile" in raw) == ("config" in raw):
         raise TableError(f"{path}: name exactly one of profile (a shipped profile) and config (a training config)")
+    passages = raw.get("passages")
+    if not (isinstance(passages, list) and passages and all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(n, int) for n in p) and p[0] <= p[1]
+            for p in passages)):
+        raise TableError(f"{path}: passages: the STUDY.md line ranges that describe the run, [[first, last], ...], "
+                         f"got {passages!r}")
     rows, recipe, features = [], [], []
     for section, table in raw.items():
         if not isinstance(table, dict):
@@ -117,7 +130,8 @@ def load_table(path: str | Path) -> Table:
         into = recipe if section == "recipe" else features if section == "feature" else rows
         into += [_row(f"{section}.{key}", value, str(path)) for key, value in table.items()]
     return Table(path, raw.get("title", path.stem), raw.get("about", ""), raw.get("profile", ""),
-                 raw.get("config", ""), tuple(rows), tuple(recipe), tuple(features))
+                 raw.get("config", ""), tuple(rows), tuple(recipe), tuple(features),
+                 tuple((a, b) for a, b in passages))
 
 
 def tables(folder: Path = TABLES) -> list[Table]:
@@ -212,7 +226,8 @@ def citation_problems(table: Table, study_text: str) -> list[str]:
     missing = [f"{table.path.name}: {row.setting}: seed line {n} is not in STUDY.md"
                for row in rows for n in row.seed if n not in lines]
     return missing + [p for row in rows if not any(n not in lines for n in row.seed)
-                      for p in quotes.problems(table.path.name, row, lines)]
+                      for p in (quotes.problems(table.path.name, row, lines)
+                                or quotes.run_problems(table.path.name, row, lines, table.passages))]
 
 
 PROCEDURE_ROW = re.compile(r"^\| (?!procedure \|)(?!---)(.+)$", re.MULTILINE)
@@ -259,7 +274,9 @@ for the reason given); *unstated* (the study gives no value: the kit's is record
 not a number or word of the quote, the why column says how the quote gives it. `tests/test_conformance.py`
 recomputes every run's value and fails on a difference without a departure, a departure on a row that matches, a
 setting without a row, a row without a setting, a cited line that STUDY.md lacks, a quote that is not in its lines or
-does not give the row's value, or this file out of date.
+does not give the row's value, a quote from outside the lines that describe the table's run (its passages, listed
+under its title) that does not say why another run's or step's words give this run's value, or this file out of
+date.
 
 The value checked is the 12-hour run's: boot passes `--deadline` (the time left) and never `--scale-schedule` to a
 scored run. The commit run's rehearsal (`--scale-schedule`) is a miniature of it: the rows it scales are listed under
@@ -281,7 +298,8 @@ def _source(row: Row) -> str:
 
 
 def _why(row: Row) -> str:
-    return "; ".join(t for t in (row.departure or row.unstated, row.note, row.reading and f"read: {row.reading}")
+    return "; ".join(t for t in (row.departure or row.unstated, row.note, row.reading and f"read: {row.reading}",
+                                 row.borrowed and f"from outside the run's passages: {row.borrowed}")
                      if t).replace("|", "\\|")
 
 
@@ -293,7 +311,9 @@ def _verdict_word(row: Row, value: Any) -> str:
 
 def render_table(table: Table, values: dict[str, Any] | None, recipe: Recipe | None) -> str:
     """One table's section of docs/conformance.md; `values` None when the run's configuration cannot be read."""
-    lines = [f"## {table.title}", "", " ".join(table.about.split()), ""]
+    spans = ", ".join(f"{a}-{b}" for a, b in table.passages)
+    lines = [f"## {table.title}", "", " ".join(table.about.split()), "",
+             f"The run's passages: STUDY.md {spans}. A quote from other lines says why it gives this run's value.", ""]
     if values is None:
         lines += [f"`{table.config or table.profile}` cannot be read: the run column is empty.", ""]
     source = f"`{table.config}`" if table.config else f"`profiles/{table.profile}.toml`"

@@ -94,3 +94,23 @@ def problems(where: str, row: Any, lines: dict[int, str]) -> list[str]:
         return []
     return [f"{where}: {row.setting}: the study value {value!r} cannot be read from the quote {row.quote!r}: "
             "quote the words that give it, or say how they do (reading)"]
+
+
+def inside(seed: tuple[int, ...], passages: tuple[tuple[int, int], ...]) -> tuple[int, ...]:
+    """The cited lines that lie in the run's passages."""
+    return tuple(n for n in seed if any(a <= n <= b for a, b in passages))
+
+
+def run_problems(where: str, row: Any, lines: dict[int, str], passages: tuple[tuple[int, int], ...]) -> list[str]:
+    """Whether a row's quote comes from its own run's lines (module doc); [] for a row without a quote."""
+    if not row.quote:
+        return []
+    own = collapsed(row.quote) in cited_text(lines, inside(row.seed, passages))
+    spans = ", ".join(f"{a}-{b}" for a, b in passages)
+    if own and row.borrowed:
+        return [f"{where}: {row.setting}: the quote is from this run's passages ({spans}) but the row says it is "
+                "borrowed: remove borrowed"]
+    if not own and not row.borrowed:
+        return [f"{where}: {row.setting}: the quote {row.quote!r} is from STUDY.md {list(row.seed)}, outside this "
+                f"run's passages ({spans}): cite the run's own lines, or say why these words give its value (borrowed)"]
+    return []

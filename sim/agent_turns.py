@@ -20,16 +20,45 @@ program makes the call and the answer longer alike). Tokens are counted as Qwen'
 merges (`pretokens`): exact for grids (a digit, a space and a newline are one token each), a lower bound for code,
 whose rare identifiers BPE may split further. Approximate, as the README says.
 
-`preview` replays first turns against a budget: the attempts whose first turn, with its call and tool response,
-leaves no room for a second check (submission.reasoning.tool_agent.next_turn). The study's 172-input preview of the 96K
-/ 80K / 8K / 4K configuration had 7 such attempts (seed ~3377-3380). No model runs here, so the first turns' thinking
-comes from an attempt log (the shipped example is synthetic: sim/example_log.py) cut at the first turn's cap, with the
-measured call and response of a task drawn for each.
+`preview` replays first turns against a budget, each as the solver would go on after it
+(submission.reasoning.tool_agent.next_turn, with the context limit of `request_limit`; no deadline): the attempts
+whose first turn, with its call and tool response, leaves no room for a second check. No model runs here, so the first
+turns' thinking comes from an attempt log (the shipped example is synthetic: sim/example_log.py; its lengths are a
+parameterised guess, not the study's agent's), one logged first attempt per test input of the tasks, cut at its own
+first turn's cap (single-input or multi-input), with the call and the response measured on that input for a program
+drawn for it, and the prompt (the task's text and the tool's description, in pre-tokens) against the context.
+
+The study's 172-input preview of the 96K / 80K (64K / 48K) configuration had 7 attempts without room for a second
+check (seed ~3377-3380: 87 accepted at the first check, 25 at the second, 53 used both, 7 no room: 87 + 2 x 25 +
+2 x 53 + 7 = the 250 checks it counts, so the 7 made one check each). It is not reproduced here, and cannot be from
+the study's numbers:
+- The study gives no first-turn lengths of that preview (no distribution, no share at the cap), no size for the call
+  or the final answer it reserved (only the response's 2,500-token limit, ~3450, and the final turn's 4K thinking,
+  ~3435), and no deadline for it; and its 172 inputs are not the kit's copy of ARC-AGI-2 evaluation (167 test inputs).
+- What the study's numbers do fix (`spare_at_cap`): each of its configurations leaves B - c1 = 16,000 tokens after a
+  first turn at its cap (96K - 80K, 64K - 48K, 75K - 59K). Less the final turn's 4,000, the 1,000 a second turn must
+  keep and two responses at their 2,500 limit, 6,000 are left for the first call and the call and answer reserves
+  together. So by its budget alone an attempt had no room only if those took more than 6,000 tokens: the preview's
+  reserves for a call and an answer were far above what those usually take (the medians below: ~100 and ~800), for
+  instance an answer reserved at its limit, in which case a first turn that ran to its cap had no room and the 7 are
+  the ones of those not accepted at their first check (4% of the inputs), or its deadline cut the budget (the 54.44
+  run's caps cut the agent's, ~4499-4500).
+- The kit's reserves are the medians, as the issue asked (what the turns really take): 100 + 800 + 800 leave room for
+  a second check after any first turn by the budget alone, even at its cap with a call of `answer_max_tokens` and a
+  response at its limit, and the context of moe-4xL4 (114,688) leaves it for every ARC-AGI-2 evaluation prompt (at
+  most ~16.4K pre-tokens; after an 80K first turn with such a call and response it would take ~18.3K to lose it).
+  So the kit's replay gives 0 of any log on these tasks, and only the deadline takes the second check away (the cap
+  formula at 8 tokens/s, for a first check that ends within ~23 minutes of the hard stop).
+`preview` also replays the reserves at their limits (the kit's arithmetic before: answer_max_tokens for the call and
+the answer, the response limit): then, as under the first reading of the study's 7, no room means a first turn at
+its cap, which the synthetic log has far more often than the study's 7 of 172 would allow (on the example log, 53 of
+167: 19 of its 75 single-input first attempts reach 80K, 48 of its 92 multi-input ones 48K).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import random
@@ -40,11 +69,13 @@ from pathlib import Path
 
 from submission.reasoning.reply_grammar import CALL_OPEN, FENCE
 from submission.attempts import read_log
-from submission.reasoning.profile import EngineConfig
-from submission.reasoning.prompt import check_text, grid_text
+from submission.profiles import load
+from submission.reasoning.profile import EngineConfig, PromptConfig
+from submission.reasoning.prompt import check_text, grid_text, task_text
 from submission.schedule import Level
 from submission.tasks import Task, load_tasks
-from submission.reasoning.tool_agent import ToolAgentConfig, first_cap, next_turn, within_tokens
+from submission.reasoning.tool_agent import (ToolAgentConfig, first_cap, instructions, next_turn, request_limit,
+                                             within_tokens)
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = ROOT / "examples" / "programs"
@@ -95,30 +126,53 @@ def reserves(measured: list[TurnSizes], q: float = 0.5) -> tuple[int, int, int]:
     return tuple(up(percentile([getattr(s, f) for s in measured], q)) for f in ("call", "response", "answer"))
 
 
-def no_room(config: ToolAgentConfig, first_thinking: int, turn: TurnSizes, single: bool = True) -> bool:
-    """Whether a first turn of `first_thinking` tokens, its call and its tool response leave no room for a second
-    check (no deadline: the budget alone)."""
-    used = first_thinking + turn.call + turn.response
-    return next_turn(config, 1, used, single, 10 ** 9)[1]
+@dataclass(frozen=True)
+class FirstTurn:
+    single: bool  # the task has one test input: the single-input budget and cap
+    prompt: int  # the first turn's prompt: the task's text and the tool's description (pre-tokens)
+    thinking: int  # the logged first attempt's thinking tokens (cut to the first turn's cap when replayed)
+    sizes: TurnSizes  # the call and the tool response after it (and the final answer), measured on this input
 
 
-def preview(config: ToolAgentConfig, firsts: list[int], measured: list[TurnSizes], seed: int = 0) -> int:
-    """How many of the first turns (thinking tokens, cut to the first turn's cap) leave no room for a second check,
-    each with the sizes of a measured turn drawn at random."""
+def no_room(config: ToolAgentConfig, engine: EngineConfig, turn: FirstTurn) -> bool:
+    """Whether the first turn, its call and its tool response leave no room for a second check: the solver's own rule
+    (next_turn, with the context limit of request_limit), no deadline."""
+    used = min(turn.thinking, first_cap(config, turn.single)) + turn.sizes.call + turn.sizes.response
+    limit = request_limit(10 ** 9, engine.max_model_len, turn.prompt + used, engine.answer_max_tokens)
+    return next_turn(config, 1, used, turn.single, limit)[1]
+
+
+def preview(config: ToolAgentConfig, engine: EngineConfig, firsts: list[FirstTurn]) -> int:
+    """How many of the first turns leave no room for a second check."""
+    return sum(no_room(config, engine, turn) for turn in firsts)
+
+
+def spare_at_cap(config: ToolAgentConfig, single: bool) -> int:
+    """From the study's own numbers (module doc): what the first call and the reserves for the second call and the
+    answer may take together, with both tool responses at their limit, before a first turn at its cap has no room
+    for a second check by the budget alone."""
+    budget = config.budget_single if single else config.budget_multi
+    return (budget - first_cap(dataclasses.replace(config, call_reserve=0), single) - config.final_thinking
+            - config.min_turn_thinking - 2 * config.feedback_max_tokens)
+
+
+def first_turns(log: Path, tasks: list[Task], programs: list[str], config: ToolAgentConfig, prompt: PromptConfig,
+                cue: str, seed: int = 0) -> list[FirstTurn]:
+    """One first turn per test input of `tasks` that the log holds a finished first attempt for, with the sizes
+    measured on that input for a program drawn (seeded) for it."""
+    logged = {(r.task_id, r.test_index): r.thinking_tokens for r in read_log(log)
+              if r.level is Level.FIRST and not r.aborted}
     rng = random.Random(seed)
-    cap = first_cap(config, True)
-    return sum(no_room(config, min(t, cap), rng.choice(measured)) for t in firsts)
-
-
-def first_turns(log: Path, count: int, seed: int = 0) -> list[int]:
-    """`count` first attempts' thinking tokens of a log, drawn at random (with replacement)."""
-    thinking = [r.thinking_tokens for r in read_log(log) if r.level is Level.FIRST and not r.aborted]
-    return random.Random(seed).choices(thinking, k=count)
+    tool = instructions(config.checks)
+    return [FirstTurn(len(task.test_inputs) == 1, pretokens(task_text(task, i, prompt) + tool), logged[key],
+                      sizes(task, i, rng.choice(programs), config, cue))
+            for task in tasks for i in range(len(task.test_inputs)) if (key := (task.id, i)) in logged]
 
 
 PREVIEW = ToolAgentConfig(enabled=True, budget_single=96_000, first_thinking=80_000)  # Algorithm 7's configuration
 STUDY_75K = ToolAgentConfig(enabled=True, budget_single=75_000, first_thinking=59_000)  # the 56.67 run (seed ~3430)
 KIT_BEFORE = dict(call_reserve=4_000, feedback_reserve=2_500, answer_reserve=4_000)  # answer_max_tokens, 2.5K, 4K
+PROFILE = "moe-4xL4"  # the engine (context, answer limit) and prompt the agent runs with
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,12 +191,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"reserves (medians, rounded up): call, response, answer = {reserves(measured)}; "
           f"shipped: {ToolAgentConfig().call_reserve}, {ToolAgentConfig().feedback_reserve}, "
           f"{ToolAgentConfig().answer_reserve}")
-    firsts = first_turns(args.log, 172)
+    profile = load(PROFILE)
+    firsts = first_turns(args.log, tasks, programs, ToolAgentConfig(), profile.prompt, EngineConfig().program_cue)
+    print(f"{len(firsts)} first turns of {os.path.relpath(args.log)} (one per test input; {sum(t.single for t in firsts)} of "
+          f"single-input tasks); prompts up to {max(t.prompt for t in firsts)} pre-tokens, "
+          f"context {profile.engine.max_model_len}")
     for label, config in (("96K / 80K (the preview)", PREVIEW), ("75K / 59K (56.67)", STUDY_75K)):
-        for reserve, changes in (("measured", {}), ("before (answer_max_tokens 4,000)", KIT_BEFORE)):
+        print(f"{label}: the study's numbers leave {spare_at_cap(config, True)} (single) / "
+              f"{spare_at_cap(config, False)} (multi) for the first call and the call and answer reserves")
+        for reserve, changes in (("measured", {}), ("at their limits (before)", KIT_BEFORE)):
             config_ = ToolAgentConfig(**{**config.__dict__, **changes})
-            print(f"{label}, reserves {reserve}: {preview(config_, firsts, measured)} of 172 first turns leave no room "
-                  "for a second check (the study's preview: 7)")
+            print(f"  reserves {reserve}: {preview(config_, profile.engine, firsts)} of {len(firsts)} first turns "
+                  "leave no room for a second check (the study's preview: 7 of 172)")
     return 0
 
 

@@ -111,6 +111,40 @@ def test_the_same_wrong_value_in_a_profile_and_its_table_fails(tmp_path):
 
 
 @pytest.mark.skipif(not STUDY.exists(), reason="../shared/design/STUDY.md is not beside this checkout")
+def test_a_value_copied_from_another_run_fails(tmp_path):
+    """The MoE run's 64 sequences written into the dense profile and its table with the MoE run's own lines and words
+    (4481-4482, "a server limit of 64 sequences"): the run agrees with the table, the quote is in its lines and gives
+    64, so the earlier checks passed it (run once on the code before `passages`: no problem found). The lines lie
+    outside the 44.03 run's passages, and the row does not say why they would give its value."""
+    row = 'max_num_seqs = { study = 36, seed = [4464], quote = "36 sequences" }'
+    moe = 'max_num_seqs = { study = 64, seed = [4481, 4482], quote = "a server limit of 64 sequences" }'
+    table = edited(tmp_path, "dense-27b-4xL4", row, moe,
+                   profile=profile_copy(tmp_path, "dense-27b-4xL4", "max_num_seqs = 36", "max_num_seqs = 64"))
+    assert check(table) == []
+    assert citation_problems(table, STUDY.read_text()) == [
+        "dense-27b-4xL4.toml: engine.max_num_seqs: the quote 'a server limit of 64 sequences' is from STUDY.md "
+        "[4481, 4482], outside this run's passages (2288-2348, 2484-2500, 4453-4468): cite the run's own lines, or say "
+        "why these words give its value (borrowed)"]
+
+
+@pytest.mark.skipif(not STUDY.exists(), reason="../shared/design/STUDY.md is not beside this checkout")
+def test_a_borrowed_row_that_quotes_its_own_run_is_stale(tmp_path):
+    row = 'max_num_seqs = { study = 36, seed = [4464], quote = "36 sequences" }'
+    table = edited(tmp_path, "dense-27b-4xL4", row, row[:-2] + ', borrowed = "the MoE run\'s" }')
+    assert citation_problems(table, STUDY.read_text()) == [
+        "dense-27b-4xL4.toml: engine.max_num_seqs: the quote is from this run's passages (2288-2348, 2484-2500, "
+        "4453-4468) but the row says it is borrowed: remove borrowed"]
+
+
+@pytest.mark.parametrize("passages", ["", "passages = []\n", "passages = [[4471]]\n", "passages = [[4504, 4471]]\n"])
+def test_a_table_names_its_runs_passages(tmp_path, passages):
+    path = tmp_path / "bad.toml"
+    path.write_text(f'profile = "moe-4xL4"\n{passages}[engine]\nkind = {{ study = "vllm", seed = [4472] }}\n')
+    with pytest.raises(TableError, match=f"{path}: passages: the STUDY.md line ranges"):
+        load_table(path)
+
+
+@pytest.mark.skipif(not STUDY.exists(), reason="../shared/design/STUDY.md is not beside this checkout")
 def test_a_cited_row_needs_a_quote_and_a_quote_needs_its_lines(tmp_path):
     row = 'max_num_seqs = { study = 64, seed = [4481, 4482], quote = "a server limit of 64 sequences" }'
     bare = edited(tmp_path, "moe-4xL4", row, 'max_num_seqs = { study = 64, seed = [4481, 4482] }')
@@ -281,10 +315,11 @@ def tomllib_value(value) -> str:
     ('kind = "vllm"', "engine.kind: expected an inline table"),
     ('kind = { study = "vllm", seed = [1], kit = "vllm" }', "engine.kind: nearest and kit_setting belong to"),
     ('kind = { study = "vllm", seed = [1], module = "lm_head" }', "engine.kind: a [recipe] row, and only one,"),
+    ('kind = { study = "vllm", seed = [1], borrowed = "why" }', "engine.kind: borrowed says why a quote from another"),
 ])
 def test_a_malformed_row_is_refused_naming_the_file_and_the_setting(tmp_path, row, message):
     path = tmp_path / "bad.toml"
-    path.write_text(f'profile = "moe-4xL4"\n[engine]\n{row}\n')
+    path.write_text(f'profile = "moe-4xL4"\npassages = [[1, 2]]\n[engine]\n{row}\n')
     with pytest.raises(TableError, match=str(path)) as err:
         load_table(path)
     assert message in str(err.value)

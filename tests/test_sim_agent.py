@@ -116,25 +116,55 @@ def test_the_simulator_transfers_programs_only_where_the_profile_does():
 
 
 def test_the_previews_share_without_room_for_a_second_check(arc_data):
-    """The shipped reserves are the medians sim.agent_turns measures on ARC-AGI-2 evaluation (the call, the tool
-    response, the final answer). Replayed against 172 first turns of the example log (synthetic) in the preview's
-    96K / 80K configuration (Algorithm 7), they leave no more attempts without room for a second check than the
-    study's preview had (7 of 172, study ~3377-3380), where the kit's reserves before (answer_max_tokens for the call
-    and the answer, the response limit) left several times as many: nearly every first turn that ran to its cap.
-    (The share the study saw is not reproduced: with the measured sizes a first turn at its cap still has room, so
-    the preview's 7 left no room for a reason the budget alone does not give, such as its deadline.)"""
-    from sim.agent_turns import KIT_BEFORE, PREVIEW, PROGRAMS, first_turns, measure, preview, reserves
+    """The study's 172-input preview (Algorithm 7's 96K / 80K, 64K / 48K configuration) had 7 attempts without room for
+    a second check (study ~3377-3380). Its numbers fix only this (sim.agent_turns' doc): every one of its budgets
+    leaves 16,000 tokens after a first turn at its cap, and less the final turn's 4,000, the 1,000 a turn keeps and
+    two responses at their 2,500 limit (~3435, ~3441-3442, ~3450), 6,000 for the first call and the reserves for a
+    call and an answer: by the budget alone its 7 lost the second check only if those took more (reserves far above
+    what a call and an answer usually take, e.g. the answer's limit), or its deadline cut the budget. It gives no
+    first-turn lengths, no reserve sizes and no deadline for the preview, so the 7 cannot be replayed.
+    The kit's reserves are the medians measured on ARC-AGI-2 evaluation (the call, the tool response, the final
+    answer; the issue's "what the turns really take"). With them no first turn loses the second check by the budget
+    or moe-4xL4's context, even at its cap with a call of answer_max_tokens and a response at its limit on the
+    longest prompt: the replay of the example log (synthetic; one first attempt per test input, 167, at each task's
+    own caps) gives 0, and so would any log; only the deadline can. With the reserves at their limits (the kit's
+    arithmetic before), no room means a first turn at its cap: 53 of the example log's 167 (19 of its 75
+    single-input first attempts reach 80K, 48 of its 92 multi-input ones 48K), where the study's 7 of 172 would allow
+    about 4%."""
+    from sim.agent_turns import (KIT_BEFORE, PREVIEW, PROFILE, PROGRAMS, STUDY_75K, FirstTurn, TurnSizes, first_turns,
+                                 measure, no_room, preview, reserves, spare_at_cap)
+    from submission.profiles import load
     from submission.reasoning.profile import EngineConfig
     from submission.tasks import load_tasks
-    from submission.reasoning.tool_agent import ToolAgentConfig
+    from submission.reasoning.tool_agent import ToolAgentConfig, first_cap, next_turn, request_limit
 
+    for config in (PREVIEW, STUDY_75K):  # the study's arithmetic, from its numbers alone
+        assert spare_at_cap(config, True) == spare_at_cap(config, False) == 6_000
     tasks = load_tasks(arc_data / "arc-agi-2" / "evaluation").tasks
     programs = [p.read_text() for p in sorted(PROGRAMS.glob("*.py"))]
-    measured = measure(tasks, programs, ToolAgentConfig(), EngineConfig().program_cue)
-    shipped = ToolAgentConfig()
-    assert reserves(measured) == (shipped.call_reserve, shipped.feedback_reserve, shipped.answer_reserve)
-    firsts = first_turns(Path(__file__).parents[1] / "sim" / "data" / "example_attempts.jsonl", 172)
-    now = preview(PREVIEW, firsts, measured)
-    before = preview(ToolAgentConfig(**{**PREVIEW.__dict__, **KIT_BEFORE}), firsts, measured)
-    capped = sum(t >= PREVIEW.first_thinking for t in firsts)
-    assert now <= 7 < before <= capped, (now, before, capped)
+    shipped, engine = ToolAgentConfig(), load(PROFILE).engine
+    assert reserves(measure(tasks, programs, shipped, EngineConfig().program_cue)) == (
+        shipped.call_reserve, shipped.feedback_reserve, shipped.answer_reserve)
+    firsts = first_turns(Path(__file__).parents[1] / "sim" / "data" / "example_attempts.jsonl", tasks, programs,
+                         shipped, load(PROFILE).prompt, EngineConfig().program_cue)
+    assert len(firsts) == 167 and sum(t.single for t in firsts) == 75
+    longest = max(t.prompt for t in firsts)
+    for config in (PREVIEW, STUDY_75K):
+        for single in (True, False):  # the worst a first turn can leave, on the longest prompt: room still
+            worst = TurnSizes(engine.answer_max_tokens, config.feedback_max_tokens, 0)
+            assert not no_room(config, engine, FirstTurn(single, longest, 10 ** 6, worst))
+            assert no_room(config, engine, FirstTurn(single, 60_000, 10 ** 6, worst))  # the context takes it
+        assert preview(config, engine, firsts) == 0
+        before = ToolAgentConfig(**{**config.__dict__, **KIT_BEFORE})
+        lost = [t for t in firsts if no_room(before, engine, t)]
+        capped = [t for t in firsts if t.thinking >= first_cap(config, t.single)]
+        assert len(lost) > 7 and set(map(id, lost)) <= set(map(id, capped))
+    assert len(lost) == 60 and preview(ToolAgentConfig(**{**PREVIEW.__dict__, **KIT_BEFORE}), engine, firsts) == 53
+    # The deadline can: moe-4xL4's cap formula (8 tokens/s, 240 s, 3,000) leaves no second check to a first check that
+    # ends within ~22.5 minutes (1,352 s) of the hard stop, as the solver computes the next turn's limit.
+    profile = load(PROFILE)
+    used = profile.tool_agent.first_thinking + 26 + 713  # a first turn at its cap, the median call and response
+    for before_stop, gone in ((1_400, False), (1_300, True)):
+        deadline = profile.schedule.cap(10 ** 9, profile.schedule.hard_stop - before_stop)
+        limit = request_limit(deadline, engine.max_model_len, 5_000 + used, engine.answer_max_tokens)
+        assert next_turn(profile.tool_agent, 1, used, True, limit)[1] is gone

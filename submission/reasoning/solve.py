@@ -23,7 +23,7 @@ from submission.sandbox.client import CheckResult, Sandbox, Status
 from submission.schedule import PLAIN_VIEW, Level, Request
 from submission.tasks import Task
 from submission.reasoning.tool_agent import (LAST_CHECK, NO_CALL, finished, first_cap, instructions, next_turn,
-                                   within_tokens)
+                                             request_limit, within_tokens)
 from submission.views import View, reordered
 
 # render(task, test_index, view, extra) -> prompt token ids
@@ -142,10 +142,8 @@ class Attempts:
             # The deadline-aware cap and the context cut what the attempt may still spend (SPEC 5: the cap formula
             # cuts the agent's budget); when they leave not one thinking token for a request, the attempt ends. A
             # spent budget does not end it: the final turn then closes at once (cap 0) and answers.
-            context = self.profile.engine.max_model_len
-            limit = self.profile.schedule.cap(config.budget_single + config.budget_multi, self.clock())
-            if context:
-                limit = min(limit, context - len(prompt) - reserve)
+            limit = request_limit(self.profile.schedule.cap(config.budget_single + config.budget_multi, self.clock()),
+                                  self.profile.engine.max_model_len, len(prompt), reserve)
             if limit < 1:
                 break
             cap, final = next_turn(config, checks, used, single, limit, verified)

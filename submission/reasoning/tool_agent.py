@@ -115,6 +115,13 @@ def next_turn(config: ToolAgentConfig, checks: int, used: int, single_input: boo
     return max(0, min(config.final_thinking, left - config.answer_reserve)), True
 
 
+def request_limit(deadline_cap: int, max_model_len: int, context: int, answer_max_tokens: int) -> int:
+    """The thinking tokens the next turn's request may have (`next_turn`'s `limit`): the deadline-aware cap, and what
+    the model's length (`max_model_len`; 0: unbounded) leaves after the conversation so far (`context` tokens: the
+    prompt, every turn and tool turn) and an answer of `answer_max_tokens`."""
+    return min(deadline_cap, max_model_len - context - answer_max_tokens) if max_model_len else deadline_cap
+
+
 def finished(train_perfect: bool, test_output: Grid | None) -> bool:
     """After a check whose program reproduces every demonstration and gives a test output, the final turn comes."""
     return train_perfect and test_output is not None
