@@ -23,7 +23,7 @@ UPY       := $(UNSLOTH_VENV)/bin/python
 export ARC_DATA
 
 .PHONY: env engine-env build-env unsloth-env vllm-gpu-wheel grid-dry-run both-dry-run prune-demo wheels bundle kaggle-rehearsal train-rft train-grid \
-	test test-core conformance dry-run simulate demo corpus-demo corpus-sample bench grid-learn clean
+	test test-core test-kaggle-python conformance dry-run simulate demo corpus-demo corpus-sample bench grid-learn clean
 
 env: $(VENV)/.installed
 
@@ -82,9 +82,17 @@ kaggle-rehearsal: build-env
 conformance: env
 	$(PY) -m conformance
 
-# The suite without the engine environment (engine tests skip): CI runs it on the second Python version.
+# The suite without the engine environment (engine tests skip).
 test-core: env
 	$(PY) -m pytest -q tests
+
+# What the bundle runs in the Kaggle box, on a second Python version (CI's run on 3.12: Kaggle images use 3.11 and
+# 3.12): test-core without the host-only tools' tests (the training corpus, RFT, the simulator, the conformance pages),
+# which run on the user's machine, never in the box, and are tested on the default Python by make test.
+HOST_ONLY_TESTS := $(wildcard tests/test_corpus*.py tests/test_sim*.py tests/test_training_*.py tests/test_rft*.py \
+                              tests/test_conformance.py)
+test-kaggle-python: env
+	$(PY) -m pytest -q tests $(addprefix --ignore=,$(HOST_ONLY_TESTS))
 
 # The solver end to end on a fresh machine: a tiny random-weight Qwen3 and a local tokenizer, 10 ARC-AGI-2
 # evaluation tasks under a 3-minute deadline, the answer file and the attempt log; the closing summary scores it.
