@@ -11,8 +11,8 @@ Imports made by name at run time (`importlib`, `python -m` in a subprocess) are 
 
 A command-line module is a module whose job is to be run: a `__main__.py`, or a module with a module-level
 `if __name__ == "__main__":` block, unless it is one of TOOLS, the runnable modules that are also imported for their
-functions by design (`build.quantize`'s `quantize`, `training.rft`'s `load_config`: libraries with a command line
-beside). Every other module is a library. Two rules follow:
+functions by design (`build.quantize.quantizer`'s `quantize`, `training.rft`'s `load_config`: libraries with a
+command line beside). Every other module is a library. Two rules follow:
 - a library imports no command-line module: that would tie it to argument parsing, deadlines and exits that its
   caller did not ask for (issue 30: `make_engine` lived in `submission/main.py`);
 - a command-line module imports another one only for its entry (`main`, or `run` for parsed arguments: a
@@ -31,8 +31,9 @@ PACKAGES = ("build", "training", "submission", "sim", "conformance", "offline_wh
 # runnable modules imported for their functions by design (see the module docstring); each entry must be runnable
 # (submission.both's and submission.grid.main's `run` is their line's run, which submission.lines dispatches to)
 TOOLS = frozenset({
-    "build.bundle", "build.calibrate", "build.grid_vocab", "build.patch_eot", "build.pipeline", "build.prune",
-    "build.quantize", "build.tiny", "offline_wheels.lock", "sim.example_log", "submission.both", "submission.grid.main",
+    "build.bundle.bundler", "build.models.grid_vocab", "build.models.tiny", "build.patch_eot", "build.pipeline",
+    "build.prune.calibrate", "build.prune.pruner", "build.quantize.quantizer",
+    "offline_wheels.lock", "sim.example_log", "submission.both", "submission.grid.main",
     "submission.sandbox.client", "submission.score", "training.dataset", "training.rft"})
 ENTRIES = frozenset({"main", "run"})  # what one command-line module may import from another
 

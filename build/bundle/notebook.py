@@ -1,6 +1,6 @@
 """Generate the Kaggle notebook (kaggle/notebook.ipynb) from its template: two cells, answer file first.
 
-    python -m build.notebook [--out kaggle/notebook.ipynb] [--competition arc-prize-2025]
+    python -m build.bundle.notebook [--out kaggle/notebook.ipynb] [--competition arc-prize-2025]
 
 Cell 1 writes a complete `[[0]]` submission.json from the competition's test file (the one under the competition's
 mount, /kaggle/input/<COMPETITION>/, else the last match) before it touches the kit's dataset, so every later failure
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from submission.kaggle.mounts import COMPETITION
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ANSWER_CELL = '''# 1. A complete [[0]] submission.json from the competition's test file before anything else:
 #    whatever fails later (no kit dataset attached, a crash, a failed install), a valid answer file is in place.
 #    This cell never raises: a task without "test" gets one [[0]] slot, an unreadable file is reported.
@@ -148,7 +148,7 @@ def notebook(competition: str = COMPETITION) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m build.notebook", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m build.bundle.notebook", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "kaggle" / "notebook.ipynb")
     parser.add_argument("--competition", default=COMPETITION, help="the competition's slug (its mount's name)")
     args = parser.parse_args(argv)

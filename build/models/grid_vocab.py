@@ -1,6 +1,6 @@
 """Cut a Qwen3 checkpoint to the grid line's 16-token vocabulary (SPEC section 10).
 
-    python -m build.grid_vocab --model DIR --out DIR
+    python -m build.models.grid_vocab --model DIR --out DIR
 
 Each of the 16 tokens (submission/grid/format.py) is matched to one token of the source tokenizer: the digits,
 newline, "I" and "O" by their text, padding / end / begin of sequence by <|endoftext|> / <|im_end|> / <|im_start|>.
@@ -95,12 +95,12 @@ def cut(model_dir: str | Path, out: str | Path) -> Path:
     make_tokenizer().save_pretrained(out)
     (out / "grid_vocab.json").write_text(json.dumps({
         "source": str(model_dir), "tokens": list(TOKENS), "source_ids": keep, "tied": tied,
-        "head_rows_from_embedding": zero_rows, "made_by": "build.grid_vocab"}, indent=1))
+        "head_rows_from_embedding": zero_rows, "made_by": "build.models.grid_vocab"}, indent=1))
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m build.grid_vocab", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m build.models.grid_vocab", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, type=Path, help="a Qwen3 checkpoint folder")
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args(argv)

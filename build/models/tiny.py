@@ -1,16 +1,16 @@
 """Tiny random-weight checkpoints of the real architectures, with a tokenizer made here, for tests and demos.
 
-    python -m build.tiny --arch qwen3|qwen3_moe|qwen3_next|qwen3_5 --out DIR [--seed 0] [--tied] [--unpatched]
-    python -m build.tiny --topology qwen3-next-80b|qwen3-30b-a3b|qwen3-32b --out DIR [--seed 0]
+    python -m build.models.tiny --arch qwen3|qwen3_moe|qwen3_next|qwen3_5 --out DIR [--seed 0] [--tied] [--unpatched]
+    python -m build.models.tiny --topology qwen3-next-80b|qwen3-30b-a3b|qwen3-32b --out DIR [--seed 0]
 
 No weights can be downloaded in this kit's environments, so every model path is exercised on these: the same config
 classes (Qwen3, Qwen3-MoE, Qwen3-Next, Qwen3.5), the same safetensors layout and the real special tokens (<|im_start|>,
 <|im_end|>, <think>, </think>, <|endoftext|>), with a Qwen3-style chat template whose generation prompt opens
 thinking. The tokenizer is a byte-level BPE trained on a small built-in corpus, digits split one per token as in
-Qwen's tokenizer (build.tokenizer). By default the output-head rows of <|im_end|> and <|endoftext|> are zeroed
+Qwen's tokenizer (build.models.tokenizer). By default the output-head rows of <|im_end|> and <|endoftext|> are zeroed
 (build.patch_eot's end-of-turn patch, applied in memory), so that (with top-k sampling) thinking is not cut short
 by an end of turn. head_dim is 64 because vLLM's CPU attention rejects 16. `--topology` writes a real model's full
-set of tensors (layers, experts, MTP, names, shards, config keys) at tiny widths instead (build.topology); those
+set of tensors (layers, experts, MTP, names, shards, config keys) at tiny widths instead (build.models.topology); those
 checkpoints are unpatched, as a release is. Qwen3.5 (the dense 27B's architecture) is written as it is published:
 `Qwen3_5ForConditionalGeneration`, model_type `qwen3_5` with `text_config` and `vision_config`, the text weights
 under `model.language_model.` (three linear-attention layers, then a full-attention one), a vision tower under
@@ -24,8 +24,8 @@ import argparse
 import json
 from pathlib import Path
 
-from build.tokenizer import make_tokenizer
-from build.topology import TOPOLOGIES, write_topology
+from build.models.tokenizer import make_tokenizer
+from build.models.topology import TOPOLOGIES, write_topology
 
 ARCHS = ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5")
 # Qwen3.5's vision tower at tiny widths (one block; its output width is the text model's hidden size)
@@ -114,7 +114,7 @@ def make_checkpoint(out: str | Path, arch: str = "qwen3", seed: int = 0, max_sha
     text_config = config.text_config if arch == "qwen3_5" else config
     for key, value in (widths or {}).items():
         if not hasattr(text_config, key):
-            raise ValueError(f"build.tiny: {arch} config has no {key!r}")
+            raise ValueError(f"build.models.tiny: {arch} config has no {key!r}")
         setattr(text_config, key, value)
     config.tie_word_embeddings = text_config.tie_word_embeddings = tied
     if arch == "qwen3_5":  # the published class: vision tower and text model (AutoModelForCausalLM: text only)
@@ -135,16 +135,16 @@ def make_checkpoint(out: str | Path, arch: str = "qwen3", seed: int = 0, max_sha
     model.save_pretrained(out, max_shard_size=max_shard_size)
     if arch == "qwen3_5":
         add_to_last_shard(out, mtp_tensors(model.state_dict(), text_config, seed))
-    (out / "tiny.json").write_text(json.dumps({"arch": arch, "seed": seed, "made_by": "build.tiny"}))
+    (out / "tiny.json").write_text(json.dumps({"arch": arch, "seed": seed, "made_by": "build.models.tiny"}))
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m build.tiny", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m build.models.tiny", description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", default="qwen3", choices=ARCHS)
     parser.add_argument("--topology", choices=sorted(TOPOLOGIES),
                         help="a real model's layers, experts, MTP, names, shards and config at tiny widths "
-                             "(build.topology); replaces --arch")
+                             "(build.models.topology); replaces --arch")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-shard-size", default="50GB", help="e.g. 300KB for several shards")

@@ -1,6 +1,6 @@
 """The adoption rule for a smaller expert list (SPEC section 7): adopt only if it costs under a point and is faster.
 
-    python -m build.adoption --reference ref.json --candidate cand.json [--throughput-ratio 1.08]
+    python -m build.prune.adoption --reference ref.json --candidate cand.json [--throughput-ratio 1.08]
 
 Inputs are per-task correctness of the two arms on the same inputs and seeds (`{task_id: fraction right}` JSON, or
 attempt logs scored the same way). The accuracy difference (candidate - reference, points) gets a one-sided 97.5%
@@ -45,7 +45,7 @@ def adoption(reference: dict[str, float], candidate: dict[str, float], throughpu
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m build.adoption", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m build.prune.adoption", description=__doc__.split("\n\n")[0])
     parser.add_argument("--reference", required=True, type=Path)
     parser.add_argument("--candidate", required=True, type=Path)
     parser.add_argument("--throughput-ratio", required=True, type=float, help="candidate tokens/s over reference")

@@ -1,8 +1,8 @@
 """Record routing statistics and REAP saliency of a mixture-of-experts model on calibration traces.
 
-    python -m build.calibrate --model DIR --traces traces.jsonl --out stats.npz [--device cpu] [--dtype float32]
-                              [--chunk-tokens 65536]
-    python -m build.calibrate merge a.npz b.npz --out all.npz
+    python -m build.prune.calibrate --model DIR --traces traces.jsonl --out stats.npz [--device cpu]
+                                    [--dtype float32] [--chunk-tokens 65536]
+    python -m build.prune.calibrate merge a.npz b.npz --out all.npz
 
 A trace is one JSON line: {"task_id", "token_ids", "segments": {"prompt": [0, p], "thinking": [p, t],
 "answer": [t, n]}, "program": [a, b]} (half-open token ranges; the program lies inside the answer). The model runs on
@@ -13,7 +13,7 @@ routing decisions per trace and length bin, decisions on program tokens, and REA
 applies it x the L2 norm of the expert's output, summed over routed tokens; the expert output is recomputed in the
 hook from the block's own weights). The MTP layer's router-row norms come from the checkpoint.
 The output is saved every `--save-every` traces; rerunning with the same --out resumes after the traces already in
-it, and `merge` adds statistics made on other machines (build.stats refuses another model's).
+it, and `merge` adds statistics made on other machines (build.prune.stats refuses another model's).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from build.stats import BINS, RoutingStats, bin_of, config_hash
+from build.prune.stats import BINS, RoutingStats, bin_of, config_hash
 from submission.progress import ProgressLine
 
 
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["merge"]:
-        parser = argparse.ArgumentParser(prog="python -m build.calibrate merge")
+        parser = argparse.ArgumentParser(prog="python -m build.prune.calibrate merge")
         parser.add_argument("inputs", nargs="+", type=Path)
         parser.add_argument("--out", required=True, type=Path)
         args = parser.parse_args(argv[1:])
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         merged.save(args.out)
         print(f"{merged.counts.shape[0]} traces -> {args.out}")
         return 0
-    parser = argparse.ArgumentParser(prog="python -m build.calibrate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m build.prune.calibrate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, type=Path)
     parser.add_argument("--traces", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)

@@ -1,6 +1,6 @@
 """Expert lists from routing statistics (SPEC section 7): pure functions, parameters from a TOML config.
 
-    python -m build.experts --stats stats.npz --config build/lists.toml --out DIR
+    python -m build.prune.experts --stats stats.npz --config build/lists.toml --out DIR
 
 - REAP-k: the k experts of highest REAP saliency in each layer (the same k everywhere: the config has one count).
 - ARC-k: the k experts of highest routing frequency F_e: per length bin, each trace's share of routing decisions
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from build.stats import BINS, RoutingStats
+from build.prune.stats import BINS, RoutingStats
 from submission import strict_toml
 
 ExpertList = tuple[tuple[int, ...], ...]
@@ -202,7 +202,7 @@ def report(stats: RoutingStats, lists: dict[str, ExpertList]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m build.experts", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m build.prune.experts", description=__doc__.split("\n\n")[0])
     parser.add_argument("--stats", required=True, type=Path)
     parser.add_argument("--config", type=Path, help="list parameters (TOML); defaults: SPEC section 7")
     parser.add_argument("--out", required=True, type=Path)
