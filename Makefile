@@ -104,7 +104,7 @@ DRY_OUT      := $(OUT)/dry-run$(if $(filter vllm,$(ENGINE)),-vllm)
 DRY_DEADLINE := $(if $(filter vllm,$(ENGINE)),420,180)
 dry-run: engine-env
 	rm -rf $(DRY_OUT)  # a fresh run each time: the solver refuses to append to an earlier run's log
-	$(EPY) -m build.tiny --arch qwen3 --out $(OUT)/tiny-qwen3
+	$(EPY) -m build.models.tiny --arch qwen3 --out $(OUT)/tiny-qwen3
 	$(EPY) -m submission.main --tasks $(ARC_DATA)/arc-agi-2/evaluation --max-tasks 10 --profile $(DRY_PROFILE) \
 	    --model $(OUT)/tiny-qwen3 --deadline $(DRY_DEADLINE) --out $(DRY_OUT)/submission.json \
 	    --log $(DRY_OUT)/attempts.jsonl
@@ -117,8 +117,8 @@ dry-run: engine-env
 GRID_FORMAT ?= kit16
 grid-dry-run: build-env
 	rm -rf $(OUT)/grid-dry-run $(OUT)/tiny-grid
-	$(BPY) -m build.tiny --arch qwen3 --out $(OUT)/tiny-qwen3-base
-	$(BPY) -m build.grid_vocab --model $(OUT)/tiny-qwen3-base --out $(OUT)/tiny-grid
+	$(BPY) -m build.models.tiny --arch qwen3 --out $(OUT)/tiny-qwen3-base
+	$(BPY) -m build.models.grid_vocab --model $(OUT)/tiny-qwen3-base --out $(OUT)/tiny-grid
 	$(if $(filter nvarc,$(GRID_FORMAT)),rm -f $(OUT)/tiny-grid/tokenizer*.json $(OUT)/tiny-grid/special_tokens_map.json \
 	    && cp tests/nvarc_tokenizer/*.json tests/nvarc_tokenizer/*.j2 $(OUT)/tiny-grid/)
 	$(BPY) -m training.grid_tune --model $(OUT)/tiny-grid --format $(GRID_FORMAT) --dtype float32 \
@@ -133,9 +133,9 @@ grid-dry-run: build-env
 # grid-line worker, each in its own environment, one merged answer file (README: both lines in one run).
 both-dry-run: engine-env build-env
 	rm -rf $(OUT)/both-dry-run
-	$(EPY) -m build.tiny --arch qwen3 --out $(OUT)/tiny-qwen3
-	$(BPY) -m build.tiny --arch qwen3 --out $(OUT)/tiny-qwen3-base
-	$(BPY) -m build.grid_vocab --model $(OUT)/tiny-qwen3-base --out $(OUT)/tiny-grid
+	$(EPY) -m build.models.tiny --arch qwen3 --out $(OUT)/tiny-qwen3
+	$(BPY) -m build.models.tiny --arch qwen3 --out $(OUT)/tiny-qwen3-base
+	$(BPY) -m build.models.grid_vocab --model $(OUT)/tiny-qwen3-base --out $(OUT)/tiny-grid
 	$(EPY) -m submission.both --tasks $(ARC_DATA)/arc-agi-2/evaluation --max-tasks 10 --profile both-tiny \
 	    --reasoning-model $(OUT)/tiny-qwen3 --grid-model $(OUT)/tiny-grid --reasoning-python $(EPY) \
 	    --grid-python $(BPY) --deadline 300 --out $(OUT)/both-dry-run/submission.json \
@@ -162,8 +162,8 @@ CORPUS_MIX_ARGS = $(if $(CORPUS_MIX),--config training/rft-tiny.toml --corpus $(
 
 # Expert pruning end to end on a tiny Qwen3-MoE: traces from real ARC tasks through the solver's prompt renderer,
 # routing statistics, expert lists and their report, the pruned checkpoint.
-# With TOPOLOGY=qwen3-next-80b (or qwen3-30b-a3b): the real model's tensors at tiny widths (build.topology), and every
-# step at that scale: calibrate (layer by layer) -> lists -> prune -> quantise -> patch -> likelihood check, each
+# With TOPOLOGY=qwen3-next-80b (or qwen3-30b-a3b): the real model's tensors at tiny widths (build.models.topology), and
+# every step at that scale: calibrate (layer by layer) -> lists -> prune -> quantise -> patch -> likelihood check, each
 # step's time and peak memory printed. Its quantising step uses the kit's NVFP4 recipe: the topology's tiny widths (32
 # and 16) cannot fill the study's W4A16 groups of 128 (build/recipes/moe-4xL4.toml refuses them).
 PD = $(OUT)/prune-demo
@@ -173,19 +173,19 @@ TIMED = /usr/bin/time -f "  -> %e s, peak RSS %M kB"
 prune-demo: build-env
 	rm -rf $(PD) && mkdir -p $(PD)
 ifeq ($(TOPOLOGY),)
-	$(BPY) -m build.tiny --arch qwen3_moe --out $(PD)/model --max-shard-size 300KB
+	$(BPY) -m build.models.tiny --arch qwen3_moe --out $(PD)/model --max-shard-size 300KB
 	$(BPY) -m training.calibration_traces --model $(PD)/model --tasks $(ARC_DATA)/arc-agi-2/training --max-tasks 24 \
 	    --out $(PD)/traces.jsonl $(CORPUS_MIX_ARGS)
-	$(BPY) -m build.calibrate --model $(PD)/model --traces $(PD)/traces.jsonl --out $(PD)/stats.npz
-	$(BPY) -m build.experts --stats $(PD)/stats.npz --config build/lists-tiny.toml --out $(PD)/lists
+	$(BPY) -m build.prune.calibrate --model $(PD)/model --traces $(PD)/traces.jsonl --out $(PD)/stats.npz
+	$(BPY) -m build.prune.experts --stats $(PD)/stats.npz --config build/lists-tiny.toml --out $(PD)/lists
 	$(BPY) -m build.prune --model $(PD)/model --list $(PD)/lists/c1.json --out $(PD)/pruned
 	@echo "pruned checkpoint: $(PD)/pruned (provenance in $(PD)/pruned/pruning.json)"
 else
-	$(TIMED) $(BPY) -m build.tiny --topology $(TOPOLOGY) --out $(PD)/model
+	$(TIMED) $(BPY) -m build.models.tiny --topology $(TOPOLOGY) --out $(PD)/model
 	$(TIMED) $(BPY) -m training.calibration_traces --model $(PD)/model --tasks $(ARC_DATA)/arc-agi-2/training --max-tasks 4 \
 	    --thinking 0 --out $(PD)/traces.jsonl $(CORPUS_MIX_ARGS)
-	$(TIMED) $(BPY) -m build.calibrate --model $(PD)/model --traces $(PD)/traces.jsonl --out $(PD)/stats.npz
-	$(TIMED) $(BPY) -m build.experts --stats $(PD)/stats.npz --config build/lists.toml --out $(PD)/lists
+	$(TIMED) $(BPY) -m build.prune.calibrate --model $(PD)/model --traces $(PD)/traces.jsonl --out $(PD)/stats.npz
+	$(TIMED) $(BPY) -m build.prune.experts --stats $(PD)/stats.npz --config build/lists.toml --out $(PD)/lists
 	$(TIMED) $(BPY) -m build.prune --model $(PD)/model --list $(PD)/lists/c8.json --out $(PD)/pruned
 	$(TIMED) $(BPY) -m build.quantize --model $(PD)/pruned --recipe $(PD_RECIPE) \
 	    --out $(PD)/quantized --no-report
@@ -224,7 +224,7 @@ bundle: build-env
 RFT = $(OUT)/rft
 train-rft: engine-env build-env
 	rm -rf $(RFT) && mkdir -p $(RFT)
-	$(EPY) -m build.tiny --arch qwen3 --out $(RFT)/base
+	$(EPY) -m build.models.tiny --arch qwen3 --out $(RFT)/base
 	$(EPY) -m training.traces --model $(RFT)/base --profile cpu-tiny --tasks $(ARC_DATA)/arc-agi-2/training \
 	    --max-tasks 4 --attempts 2 --cap 64 --inject-known --out $(RFT)/traces.jsonl $(CORPUS_MIX_ARGS)
 	$(BPY) -m training.dataset --traces $(RFT)/traces.jsonl --tasks $(ARC_DATA)/arc-agi-2/training \
@@ -239,8 +239,8 @@ train-rft: engine-env build-env
 GT = $(OUT)/train-grid
 train-grid: build-env
 	rm -rf $(GT) && mkdir -p $(GT)
-	$(BPY) -m build.tiny --arch qwen3 --out $(GT)/base
-	$(BPY) -m build.grid_vocab --model $(GT)/base --out $(GT)/grid
+	$(BPY) -m build.models.tiny --arch qwen3 --out $(GT)/base
+	$(BPY) -m build.models.grid_vocab --model $(GT)/base --out $(GT)/grid
 	$(BPY) -m training.grid_tune --model $(GT)/grid --tasks $(ARC_DATA)/arc-agi-2/training --max-tasks 4 \
 	    --out $(GT)/run --steps 16 --checkpoint-every 4 --rank 8 --lr 3e-3 --max-len 2048 $(CORPUS_MIX_ARGS)
 	$(BPY) -m training.grid_tune --model $(GT)/grid --out $(GT)/run --merge

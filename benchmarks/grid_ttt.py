@@ -17,9 +17,9 @@ every other round, `--repeats` rounds:
             batch of 1 pads nothing
 
 The LoRA shape, learning rate and dtype are the profile's (`--profile`; `--dtype` overrides); the model is
-build.tiny's Qwen3 cut by build.grid_vocab at its tiny widths, or at Qwen3-4B's (`--width 4b`: hidden 2,560, MLP
-9,728, 32 query and 8 key-value heads of 128) with `--layers` layers; the task is ARC-AGI-2 evaluation's shortest
-(`--task` another), its sequences `training_sequences`' first `--steps` (default the profile's ttt.sequences).
+build.models.tiny's Qwen3 cut by build.models.grid_vocab at its tiny widths, or at Qwen3-4B's (`--width 4b`: hidden
+2,560, MLP 9,728, 32 query and 8 key-value heads of 128) with `--layers` layers; the task is ARC-AGI-2 evaluation's
+shortest (`--task` another), its sequences `training_sequences`' first `--steps` (default the profile's ttt.sequences).
 A step's time is a variant's training time over its steps, its set-up (wrapping, the optimiser) included; before
 it, one untimed forward and backward pass of the base pays the device's first-call costs for both.
 Peak memory is what training adds to the loaded base: on a GPU `torch.cuda.max_memory_allocated` less what was
@@ -65,9 +65,10 @@ FIELDS = ("variant", "steps", "step_s", "tokens", "peak_mib", "adapter_dtype", "
 
 
 def grid_checkpoint(root: Path, width: str = "tiny", layers: int = 2, seed: int = 3) -> Path:
-    """build.tiny's Qwen3 at `width` with `layers` layers, cut to the grid vocabulary (shared with grid_search.py)."""
-    from build.grid_vocab import cut
-    from build.tiny import make_checkpoint
+    """build.models.tiny's Qwen3 at `width` with `layers` layers, cut to the grid vocabulary (shared with
+    grid_search.py)."""
+    from build.models.grid_vocab import cut
+    from build.models.tiny import make_checkpoint
 
     # the config's per-layer list follows the count (transformers validates it on save)
     widths = {**WIDTHS[width], "num_hidden_layers": layers, "layer_types": ["full_attention"] * layers}

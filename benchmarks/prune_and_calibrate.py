@@ -6,7 +6,7 @@
    names and config; no model is instantiated), prunes it to 3/4 of its experts with `build.prune` in a subprocess,
    and reports the subprocess's peak resident memory against the largest shard, and its throughput against a plain
    copy of the same files, both warm (the page cache is never dropped), interleaved over `--repeats` rounds.
-2. Runs a tiny Qwen3-MoE over calibration traces with and without the `build.calibrate` hooks and reports tokens/s
+2. Runs a tiny Qwen3-MoE over calibration traces with and without the `build.prune.calibrate` hooks and reports tokens/s
    and the overhead ratio.
 Run it in the build environment (make build-env).
 """
@@ -133,8 +133,8 @@ def calibration_benchmark(workdir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from build.calibrate import Recorder
-    from build.tiny import make_checkpoint
+    from build.models.tiny import make_checkpoint
+    from build.prune.calibrate import Recorder
 
     folder = make_checkpoint(workdir / "tiny-moe", "qwen3_moe", seed=0)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

@@ -4,9 +4,10 @@
 
 The shape: the profile's `max_num_seqs` requests (64), each with 1 + `mtp_speculative_tokens` logits rows (5): 320
 rows of the vocabulary of moe-4xL4's model, the pruned Qwen3-Next-80B-A3B (pruning keeps the vocabulary:
-build.topology, 151,936 tokens). Rows laid out as vLLM 0.33's Model Runner V2 lays them out (int32 input ids and local
-positions, slots in a shuffled batch order; tests/test_vllm_v2_inputs.py). Two batches: every request still thinking
-(most of a run), and half of them past `</think>`. One steady step is measured, after the step that admits them.
+build.models.topology, 151,936 tokens). Rows laid out as vLLM 0.33's Model Runner V2 lays them out (int32 input ids and
+local positions, slots in a shuffled batch order; tests/test_vllm_v2_inputs.py). Two batches: every request still
+thinking (most of a run), and half of them past `</think>`. One steady step is measured, after the step that admits
+them.
 
 Bytes are counted per dispatched aten op (a TorchDispatchMode): a new tensor's bytes, the whole tensor for an
 in-place elementwise op, the indexed elements for a scatter or an indexed write, nothing for a view; and, for the
@@ -42,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm import SamplingParams  # noqa: E402
 from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsContext  # noqa: E402
 
-from build.topology import TOPOLOGIES  # noqa: E402
+from build.models.topology import TOPOLOGIES  # noqa: E402
 from submission.engines import vllm_logits_v2  # noqa: E402
 from submission.profiles import load_profile  # noqa: E402
 from targets import Targets  # noqa: E402

@@ -3,12 +3,12 @@
     python -m build.check_quality --reference DIR --candidate DIR --traces traces.jsonl [--threshold 0.02]
 
 Teacher-forced negative log-likelihood per token of the traces' completions (everything after the prompt) under both
-models, by length bin (build.stats.BINS), and the difference candidate - reference in nats/token: the study's
+models, by length bin (build.prune.stats.BINS), and the difference candidate - reference in nats/token: the study's
 calibrated FP8 KV cache moved it by < 0.0005, naive INT4 attention broke the model at +0.64 (SPEC section 8). The
 verdict passes when the difference is at most `threshold`. Also the mean probability of `</think>` over windows of
 the thinking: a candidate that raises it markedly (`think_end_ratio`) will stop thinking early. Traces use the
-calibration format (build.calibrate); the best traces are the reference model's own completions. Each model runs in
-turn, one decoder layer at a time from its shards (build.layerwise, transformers' modules, CPU or GPU): memory is one
+calibration format (build.prune.calibrate); the best traces are the reference model's own completions. Each model runs
+in turn, one decoder layer at a time from its shards (build.layerwise, transformers' modules, CPU or GPU): memory is one
 layer plus the hidden states of `--chunk-tokens` tokens, never two models. A quantised candidate is dequantised
 module by module in memory as its layers load (compressed-tensors' compressors): no dequantised copy is written.
 """
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from build.calibrate import read_traces, token_bins
-from build.stats import BINS
+from build.prune.calibrate import read_traces, token_bins
+from build.prune.stats import BINS
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     threshold = args.threshold
     if threshold is None:
-        from build.quantize import load_recipe
+        from build.quantize.quantizer import load_recipe
 
         threshold = load_recipe(args.recipe).check.max_nll_increase if args.recipe else 0.02
     try:

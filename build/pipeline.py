@@ -8,8 +8,8 @@ override it. Without --model a tiny random-weight Qwen3 is built (the CPU demo).
 (a list: build.prune; a recipe: build.quantize); the end-of-turn patch runs unless the checkpoint records it
 already; the order is prune, patch, quantise (`chain`, which training.rft's merge runs too); then build.bundle lays
 out DIR/dataset and verifies it. Intermediate checkpoints stay in DIR/steps. A grid-line profile's checkpoint
-(build.grid_vocab's cut) is bundled as it is; without --model the tiny Qwen3 is cut to the grid vocabulary first. A
-combined profile (`line = "both"`) bundles two: --model, the reasoning line's, goes through the steps as its line
+(build.models.grid_vocab's cut) is bundled as it is; without --model the tiny Qwen3 is cut to the grid vocabulary first.
+A combined profile (`line = "both"`) bundles two: --model, the reasoning line's, goes through the steps as its line
 profile's [build] section says; --grid-model (without it the tiny Qwen3 cut to 16 tokens) goes in as it is; the two
 line profiles must name the same wheel target.
 """
@@ -22,10 +22,10 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from build.bundle import PLACEHOLDER_ID, bundle, choose_dataset_id, upload_advice, verify
+from build.bundle.bundler import PLACEHOLDER_ID, bundle, choose_dataset_id, upload_advice, verify
 from build.patch_eot import PATCH_KEY, patch
-from build.prune import prune
-from build.quantize import calibrated_scales, quantize
+from build.prune.pruner import prune
+from build.quantize.quantizer import calibrated_scales, quantize
 from submission.kaggle.mounts import COMPETITION
 from submission.profiles import profile_line
 
@@ -43,8 +43,8 @@ def run(profile: str, target: str, out: Path, model: Path | None = None, expert_
     if line != "both" and grid_model is not None:
         raise ValueError(f"{profile}: --grid-model is for a combined profile (line = \"both\")")
     if model is None or (line == "both" and grid_model is None):
-        from build.grid_vocab import cut
-        from build.tiny import make_checkpoint
+        from build.models.grid_vocab import cut
+        from build.models.tiny import make_checkpoint
 
         tiny = make_checkpoint(steps / "tiny", "qwen3", seed=0)
         if line == "both" and grid_model is None:
@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--target")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--model", type=Path, help="the checkpoint (a combined profile: the reasoning line's)")
-    parser.add_argument("--grid-model", type=Path, help="a combined profile's grid model (build.grid_vocab's cut)")
+    parser.add_argument("--grid-model", type=Path,
+                        help="a combined profile's grid model (build.models.grid_vocab's cut)")
     parser.add_argument("--adapter", type=Path, help="the grid line's PEFT adapter, bundled inside its model where "
                         "the profile's model.adapter names it (build.bundle)")
     parser.add_argument("--list", type=Path)

@@ -3,7 +3,7 @@ objects, and the way back (dequantising a stored module, naming the scheme of a 
 
 Shared by the writer (build.quantize) and the readers (build.layerwise runs quantised checkpoints layer by layer,
 tests/reference_quantize.py rebuilds the writer's output): kept apart from the writer so a reader needs none of it,
-and so the writer's calibration pass (build.activations -> build.layerwise) does not lead back into the writer.
+and so the writer's calibration pass (build.quantize.activations -> build.layerwise) does not lead back into the writer.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 SCHEMES = ("NVFP4A16", "NVFP4", "FP8_DYNAMIC", "FP8", "W4A16", "W8A16_CHANNEL", "BF16")
 FORMATS = {"NVFP4A16": "nvfp4-pack-quantized", "NVFP4": "nvfp4-pack-quantized", "FP8_DYNAMIC": "float-quantized",
            "FP8": "float-quantized", "W4A16": "pack-quantized", "W8A16_CHANNEL": "pack-quantized"}
-STATIC = ("NVFP4", "FP8")  # schemes whose activation scales are calibrated (build.input_scales)
+STATIC = ("NVFP4", "FP8")  # schemes whose activation scales are calibrated (build.quantize.input_scales)
 
 
 def library_scheme(name: str, targets: list[str]):

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from build.quantize import Recipe, load_recipe
+from build.quantize.quantizer import Recipe, load_recipe
 from conformance import quotes
 from submission import strict_toml
 from submission.profiles import load

@@ -170,7 +170,7 @@ class Box:
     def run_notebook(self, rerun: bool, fault: Fault | None = None, timeout: float = 1500,
                      extra_env: dict | None = None) -> Result:
         notebook = self.root / "notebook.ipynb"
-        from build.notebook import notebook as make_notebook
+        from build.bundle.notebook import notebook as make_notebook
 
         notebook.write_text(json.dumps(make_notebook()))
         env = {k: v for k, v in os.environ.items()

@@ -178,8 +178,8 @@ def tiny_bundle(root: Path, dataset_id: str = "someone/arc-kit-bundle") -> Path:
     """build.bundle's CPU bundle in `root`/bundle, as tests/test_offline_boot.py builds it: the tiny Qwen3
     (`root`/model) for the cpu-tiny profile, the cpu-py311 target's wheels (fetched into ~/.cache/arc-kit/wheels on
     first use, about 500 MB). Needs torch."""
-    from build.bundle import bundle
-    from build.tiny import make_checkpoint
+    from build.bundle.bundler import bundle
+    from build.models.tiny import make_checkpoint
 
     model = make_checkpoint(root / "model", "qwen3", seed=0)
     return bundle("cpu-tiny", model, root / "bundle", target="cpu-py311", dataset_id=dataset_id)

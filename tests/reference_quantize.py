@@ -3,7 +3,7 @@ for byte: the library's streaming converter (`convert_checkpoint`) driving a con
 group with the library's own calls (`generate_gparam`, `calculate_qparams`, `NVFP4PackedCompressor`,
 `FloatQuantizationCompressor`, `PackedQuantizationCompressor`) tensor by tensor, with its CPU fallbacks for the FP4
 cast and packing. This was build.quantize itself until its NVFP4 arithmetic moved into compiled loops
-(build/nvfp4.py): ~10 M elements/s here.
+(build/quantize/nvfp4.py): ~10 M elements/s here.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from build.quantize import load_recipe, plan
+from build.quantize.quantizer import load_recipe, plan
 from build.schemes import FORMATS, STATIC, compression_scheme, dequantize, library_scheme
 
 
@@ -86,7 +86,7 @@ class RecipeQuantizer:
     def __init__(self, schemes: dict[str, str], table: dict[str, tuple[str, ...]],
                  kv_scales: dict[str, float] | None = None, input_amax: dict[str, float] | None = None,
                  report: bool = True):
-        from build.fused import groups
+        from build.quantize.fused import groups
 
         self.schemes = schemes
         self.table = table
@@ -200,7 +200,7 @@ def reference_quantize(model: str | Path, recipe_path: str | Path, out: str | Pa
     from compressed_tensors.entrypoints.convert import convert_checkpoint
     from compressed_tensors.utils.safetensors_load import get_checkpoint_files
 
-    from build.fused import table_for
+    from build.quantize.fused import table_for
 
     model, out = Path(model), Path(out)
     if out.exists():

@@ -1,5 +1,6 @@
 """The paths users and old notebooks type keep working for one release after issue 46 moved their modules: each alias
-runs the module at its new place (its own usage line answers `--help`) and says where it went."""
+runs the module at its new place (its own usage line answers `--help`) and says where it went. build/'s commands that
+became rooms (build.prune, build.quantize, build.bundle) keep their path for good: the room's __main__ runs them."""
 
 from __future__ import annotations
 
@@ -33,3 +34,27 @@ def test_the_old_notebooks_import_still_finds_keep_complete():
     from submission.kaggle_mounts import keep_complete as old
 
     assert old is keep_complete
+
+
+@pytest.mark.parametrize(("old", "moved"), [
+    ("build.tiny", "build.models.tiny"), ("build.grid_vocab", "build.models.grid_vocab"),
+    ("build.calibrate", "build.prune.calibrate"), ("build.experts", "build.prune.experts"),
+    ("build.adoption", "build.prune.adoption"), ("build.notebook", "build.bundle.notebook"),
+])
+def test_an_old_build_path_runs_the_moved_module(old, moved):
+    """`python -m build.tiny` and the other build/ commands that moved into a room still run, and say where to."""
+    done = subprocess.run([sys.executable, "-m", old, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: python -m {moved}"), done.stdout[:200]
+    assert f"moved to {moved}" in done.stderr
+
+
+@pytest.mark.parametrize("room", ["prune", "quantize", "bundle"])
+def test_a_build_room_runs_its_command_as_typed(room):
+    """build.prune, build.quantize and build.bundle became rooms (packages): `python -m build.<room>` runs the pruner,
+    the quantiser and the bundler as before, with nothing about a move (it is their lasting path)."""
+    done = subprocess.run([sys.executable, "-m", f"build.{room}", "--help"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: python -m build.{room} "), done.stdout[:200]
+    assert "moved" not in done.stderr

@@ -56,8 +56,8 @@ def test_the_ttt_benchmark_reports_both_variants(capsys, arc_data):
 
 
 def test_the_benchmarks_grid_model_has_the_layers_asked_for(tmp_path):
-    """--layers other than build.tiny's 2 (the GPU check runs 4 at Qwen3-4B's widths): the config's per-layer list
-    follows the count, which transformers checks when the checkpoint is saved."""
+    """--layers other than build.models.tiny's 2 (the GPU check runs 4 at Qwen3-4B's widths): the config's per-layer
+    list follows the count, which transformers checks when the checkpoint is saved."""
     pytest.importorskip("torch")
     from grid_ttt import grid_checkpoint
     from transformers import AutoConfig

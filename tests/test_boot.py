@@ -144,7 +144,7 @@ def rehearsal_args(root: Path, name: str, tasks: int, deadline: float) -> argpar
 @pytest.mark.timeout(900)
 def test_the_rehearsal_makes_writes_and_scores_an_attempt_per_task(kaggle_input, tmp_path, capfd):
     pytest.importorskip("torch", reason="the tiny model needs the engine environment")
-    from build.tiny import make_checkpoint
+    from build.models.tiny import make_checkpoint
 
     root, ids = kaggle_input
     model = make_checkpoint(tmp_path / "tiny", "qwen3", seed=0)

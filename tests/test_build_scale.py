@@ -17,7 +17,7 @@ pytest.importorskip("compressed_tensors.entrypoints.convert.converters.magnitude
 
 import torch  # noqa: E402
 
-from build.topology import TOPOLOGIES, TINY_WIDTHS, write_topology  # noqa: E402
+from build.models.topology import TOPOLOGIES, TINY_WIDTHS, write_topology  # noqa: E402
 
 LAYERS, EXPERTS, KEEP = 48, 512, 384
 
@@ -85,7 +85,7 @@ def test_dense_topology_loads_in_transformers(tmp_path):
 def test_calibrate_with_one_layer_resident(next80b, weight_map, tmp_path):
     """Statistics over all 48 MoE layers while at most one decoder layer's weights (plus the embedding and the final
     norm) are ever resident."""
-    from build.calibrate import calibrate
+    from build.prune.calibrate import calibrate
 
     resident = []
     vocab = json.loads((next80b / "config.json").read_text())["vocab_size"]
@@ -120,8 +120,8 @@ def test_prune_quantise_check_on_the_80b_topology(next80b, tmp_path, read_tensor
     from safetensors import safe_open
 
     from build.check_quality import compare
-    from build.prune import prune
-    from build.quantize import quantize
+    from build.prune.pruner import prune
+    from build.quantize.quantizer import quantize
 
     rng = random.Random(0)
     (tmp_path / "list.json").write_text(json.dumps({"experts": [sorted(rng.sample(range(EXPERTS), KEEP))
@@ -171,7 +171,7 @@ scheme = "FP8_DYNAMIC"
 
 
 def test_quantising_lm_head_beside_mtp_is_refused(next80b, tmp_path):
-    from build.quantize import quantize
+    from build.quantize.quantizer import quantize
 
     recipe = tmp_path / "head.toml"
     recipe.write_text('[[rules]]\npattern = "^lm_head$"\nscheme = "FP8_DYNAMIC"\n')
@@ -184,7 +184,7 @@ def test_scale_calibration_with_one_layer_resident(tmp_path):
     """The FP8 KV-cache and static input scales observed with one decoder layer resident at a time, on the 80B
     topology cut to 8 layers (512 experts each; the bound is per layer, and 8 layers keep it to seconds: the
     48-layer pass is benchmarks/build_scale.py's `scales` step, with its peak RSS)."""
-    from build.activations import activation_amax
+    from build.quantize.activations import activation_amax
 
     layers = 8
     folder = write_topology(tmp_path / "model", "qwen3-next-80b", seed=0, layers=layers)
@@ -206,7 +206,7 @@ def test_bundle_of_the_80b_topology(next80b, weight_map, tmp_path):
     tensor of the index in the bundled shards, and a changed byte in one of 41 shards is named by verify."""
     from safetensors import safe_open
 
-    from build.bundle import bundle, verify
+    from build.bundle.bundler import bundle, verify
     from offline_wheels.lock import sha256
 
     dataset = bundle("moe-4xL4", next80b, tmp_path / "dataset", target="cpu-py311")
@@ -236,7 +236,7 @@ def test_split_parts_are_copied_in_bounded_blocks(tmp_path):
     real bundle are up to 20 GiB)."""
     import tracemalloc
 
-    from build.bundle import PART, _split
+    from build.bundle.bundler import PART, _split
 
     data = random.Random(0).randbytes(3 << 20)
     (tmp_path / "shard").write_bytes(data)

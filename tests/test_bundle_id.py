@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from build.bundle import PLACEHOLDER_ID, choose_dataset_id, upload_advice
+from build.bundle.bundler import PLACEHOLDER_ID, choose_dataset_id, upload_advice
 
 
 def test_the_id_comes_from_the_option_then_the_kaggle_user_then_the_placeholder():

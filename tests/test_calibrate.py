@@ -11,9 +11,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="calibration needs torch (make build-env)")
 
-from build.calibrate import calibrate, main, read_traces, token_bins  # noqa: E402
-from build.stats import BINS, RoutingStats  # noqa: E402
-from build.tiny import make_config, make_tokenizer  # noqa: E402
+from build.models.tiny import make_config, make_tokenizer  # noqa: E402
+from build.prune.calibrate import calibrate, main, read_traces, token_bins  # noqa: E402
+from build.prune.stats import BINS, RoutingStats  # noqa: E402
 
 
 def tiny_moe(folder, top_k: int = 2):

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the likelihood check needs torch (make build-env)")
 
 from build.check_quality import compare, main  # noqa: E402
-from build.tiny import make_checkpoint  # noqa: E402
+from build.models.tiny import make_checkpoint  # noqa: E402
 
 
 def reference(folder):

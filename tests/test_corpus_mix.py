@@ -135,7 +135,7 @@ def test_training_traces_selects_the_mix(real, corpus, arc_data, tmp_path):
 def test_calibration_traces_mix_the_corpus_in(corpus, arc_data, tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from build.tiny import make_tokenizer
+    from build.models.tiny import make_tokenizer
     from training.calibration_traces import main
 
     model = tmp_path / "m"
@@ -174,8 +174,8 @@ def test_grid_tune_rows_mix_the_corpus(corpus, arc_data):
 def test_grid_tune_takes_the_corpus_options(corpus, arc_data, tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("peft")
-    from build.grid_vocab import cut
-    from build.tiny import make_checkpoint
+    from build.models.grid_vocab import cut
+    from build.models.tiny import make_checkpoint
     from training.dataset import read_rows
     from training.grid_tune import main
 

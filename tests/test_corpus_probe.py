@@ -126,7 +126,7 @@ def test_unusable_panels_and_an_earlier_probe_are_refused_before_the_solver_runs
 
 @pytest.mark.timeout(600)
 def test_the_tiny_model_runs_on_both_panels(corpus, panel, tmp_path, one_torch_thread):
-    from build.tiny import make_checkpoint
+    from build.models.tiny import make_checkpoint
 
     model = make_checkpoint(tmp_path / "tiny", "qwen3", seed=0)
     out = tmp_path / "probe"

@@ -1,5 +1,5 @@
 """The dense line's build steps on Qwen3.5 as published (the study's 27B's architecture): a tiny
-`Qwen3_5ForConditionalGeneration` (build.tiny --arch qwen3_5: `model.language_model.`, a vision tower under
+`Qwen3_5ForConditionalGeneration` (build.models.tiny --arch qwen3_5: `model.language_model.`, a vision tower under
 `model.visual.`, one MTP layer under `mtp.`) goes through the chain the dense profile's bundle runs (end-of-turn patch,
 KV-cache scales calibrated on ARC prompts, the dense recipe) into the study's groups, and through the likelihood
 check; the qwen3.5-27b topology has the real layer layout. Needs the build environment (make build-env)."""
@@ -17,8 +17,8 @@ pytest.importorskip("compressed_tensors.entrypoints.convert.converters.magnitude
 
 import torch  # noqa: E402
 
-from build.fused import PACKED, groups  # noqa: E402
-from build.tiny import make_checkpoint  # noqa: E402
+from build.models.tiny import make_checkpoint  # noqa: E402
+from build.quantize.fused import PACKED, groups  # noqa: E402
 
 DENSE = "build/recipes/dense-27b-4xL4.toml"
 TEXT = "model.language_model."
@@ -148,8 +148,8 @@ def test_the_qwen3_5_27b_topology_has_the_real_layout(tmp_path):
     layer, in 11 shards; the quantiser plans the dense recipe over all of them (400 projections of the decoder
     layers: in_proj_b / in_proj_a stay BF16; the MTP's 4 attention projections; the head)."""
     from build.checkpoint import checkpoint_files, weight_map
-    from build.quantize import load_recipe, plan
-    from build.topology import write_topology
+    from build.models.topology import write_topology
+    from build.quantize.quantizer import load_recipe, plan
 
     folder = write_topology(tmp_path / "model", "qwen3.5-27b", seed=0)
     names = weight_map(checkpoint_files(folder))
@@ -179,7 +179,7 @@ def test_the_dense_bundle_carries_the_quantised_qwen3_5_and_passes_preflight(sou
     layer found in the text config. Needs the CPU target's wheels (fetched on first use)."""
     from dataclasses import replace
 
-    from build.bundle import verify
+    from build.bundle.bundler import verify
     from build.pipeline import run
     from submission.kaggle.preflight import Gpu, checks, gather
     from submission.profiles import load_profile

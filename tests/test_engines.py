@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("torch", reason="engine tests need the engine environment (make engine-env)")
 
-from build.tiny import make_checkpoint  # noqa: E402
+from build.models.tiny import make_checkpoint  # noqa: E402
 from submission.reasoning.reply_grammar import THINK_END, Reply, parse_answer  # noqa: E402
 from submission.reasoning.profile import EngineConfig, PromptConfig  # noqa: E402
 from submission.engines.base import GenerationRequest  # noqa: E402

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from build.adoption import adoption
-from build.experts import ListConfig, arc_list, build_lists, code_list, dropped_share, frequency, load_config, \
+from build.prune.adoption import adoption
+from build.prune.experts import ListConfig, arc_list, build_lists, code_list, dropped_share, frequency, load_config, \
     reap_list, report, s288p_list
-from build.stats import BINS, RoutingStats, bin_of
+from build.prune.stats import BINS, RoutingStats, bin_of
 from submission.strict_toml import TomlError
 
 L, E, TOP_K = 2, 32, 2

@@ -1,6 +1,6 @@
 """Contract tests against the locked vLLM 0.33 wheel's own source (read as a zip, never installed): the quantiser's
-fused-group tables (build.fused) are the weights vLLM fuses into one linear for Qwen3, Qwen3-MoE, Qwen3-Next and
-Qwen3.5 (its names as vLLM maps them), the recipes give the MTP layers what their loaders expect, and the rule on a
+fused-group tables (build.quantize.fused) are the weights vLLM fuses into one linear for Qwen3, Qwen3-MoE, Qwen3-Next
+and Qwen3.5 (its names as vLLM maps them), the recipes give the MTP layers what their loaders expect, and the rule on a
 quantised output head beside MTP weights cites the vLLM line that decides it, per architecture. Then, on tiny
 checkpoints, every fused group shares one global scale after quantisation and nothing else does. The wheel is fetched once per machine with
 `pip download --no-deps vllm==0.33.0 -d ~/.cache/arc-kit/wheels/vllm-0.33.0`; without it the contract tests skip."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from build.fused import HEAD_TARGETS, PACKED, UNQUANTISED_MTP_HEAD, fused_name, groups
+from build.quantize.fused import HEAD_TARGETS, PACKED, UNQUANTISED_MTP_HEAD, fused_name, groups
 
 WHEELS = Path.home() / ".cache" / "arc-kit" / "wheels" / "vllm-0.33.0"
 MODELS = "vllm/model_executor/models/"
@@ -187,8 +187,8 @@ def test_each_fused_group_shares_one_global_scale(tmp_path, request):
     pytest.importorskip("compressed_tensors.entrypoints.convert.converters.magnitude_expert_pruner",
                         reason="needs the build environment (make build-env)")
     read_tensors = request.getfixturevalue("read_tensors")  # after the skip: the fixture needs safetensors
-    from build.quantize import quantize
-    from build.tiny import make_checkpoint
+    from build.models.tiny import make_checkpoint
+    from build.quantize.quantizer import quantize
 
     recipe = tmp_path / "all.toml"
     recipe.write_text('[[rules]]\npattern = \'_proj$\'\nscheme = "NVFP4A16"\n')

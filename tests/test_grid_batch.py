@@ -15,8 +15,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from build.grid_vocab import cut
-    from build.tiny import make_checkpoint
+    from build.models.grid_vocab import cut
+    from build.models.tiny import make_checkpoint
     from submission.grid.model import load_model
 
     root = tmp_path_factory.mktemp("grid-batch")

@@ -58,8 +58,8 @@ def test_a_combined_run_writes_the_merge_of_both_lines(arc_data, tmp_path, repla
     pytest.importorskip("peft")
     from dataclasses import replace
 
-    from build.grid_vocab import cut
-    from build.tiny import make_checkpoint
+    from build.models.grid_vocab import cut
+    from build.models.tiny import make_checkpoint
     from submission.grid.queue import task_cost
     from submission.profiles import load_grid_profile, to_toml
     from submission.tasks import load_tasks
@@ -157,7 +157,7 @@ def test_a_combined_bundle_takes_both_models_each_for_its_line(tmp_path, capsys)
     """Refused before anything is copied: a combined profile without its grid model, either model the wrong one for
     its line, a grid model for a one-line profile, two line profiles that need different wheels (tests/
     test_offline_boot.py builds and boots the combined bundle)."""
-    from build.bundle import bundle
+    from build.bundle.bundler import bundle
     from build.pipeline import main as pipeline
 
     reasoning, grid = tmp_path / "reasoning", tmp_path / "grid"
@@ -183,12 +183,12 @@ def test_a_combined_bundle_takes_both_models_each_for_its_line(tmp_path, capsys)
 
 
 def test_a_bundle_takes_the_model_its_line_runs():
-    from build.bundle import bundled_line, model_problem
+    from build.bundle.bundler import bundled_line, model_problem
 
     assert bundled_line("grid-4b-4xL4") == "grid" and bundled_line("cpu-tiny") == "reasoning"
     assert bundled_line("both-4xL4") == bundled_line("both-tiny") == "both"
     assert model_problem("grid", {"vocab_size": 16}) == model_problem("reasoning", {"vocab_size": 151936}) == ""
-    assert "build.grid_vocab" in model_problem("grid", {"vocab_size": 151936})
+    assert "build.models.grid_vocab" in model_problem("grid", {"vocab_size": 151936})
     assert "full vocabulary" in model_problem("reasoning", {"vocab_size": 16})
 
 
@@ -196,7 +196,7 @@ def test_the_shipped_grid_profile_is_the_studys_and_kit16_the_named_alternative(
     """Issue 45: grid-4b-4xL4 runs NVARC's format with the ckpt adapter loaded unmerged, from inside the bundled
     model folder (so its bundle, and both-4xL4's, must carry the adapter); grid-4b-4xL4-kit16 differs in the model
     alone."""
-    from build.bundle import adapter_problem, grid_adapter
+    from build.bundle.bundler import adapter_problem, grid_adapter
     from submission.profiles import load_grid_profile
 
     study, kit16 = load_grid_profile("grid-4b-4xL4"), load_grid_profile("grid-4b-4xL4-kit16")

@@ -1,7 +1,7 @@
 """The grid line's depth-first search against brute force on a tiny model with the 16-token vocabulary.
 
-The model is build.tiny's random Qwen3 cut by build.grid_vocab, its output head scaled up so that it is confident
-enough for several answers to clear the cut-off. The grammar is bounded to 2x2 grids, so brute force can score
+The model is build.models.tiny's random Qwen3 cut by build.models.grid_vocab, its output head scaled up so that it is
+confident enough for several answers to clear the cut-off. The grammar is bounded to 2x2 grids, so brute force can score
 every legal answer (10,210 of them) with plain full forward passes, no cache; the search must return exactly those
 at or above the cut-off, with the same log-probabilities, running the prompt once, alone and with views in lockstep
 (`search_batch`, `search.dfs_batch`), which must also find on real ARC task views what the search finds view by view.
@@ -30,8 +30,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from build.grid_vocab import cut
-    from build.tiny import make_checkpoint
+    from build.models.grid_vocab import cut
+    from build.models.tiny import make_checkpoint
     from submission.grid.model import load_model
 
     root = tmp_path_factory.mktemp("grid-dfs")

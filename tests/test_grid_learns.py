@@ -7,8 +7,8 @@ The task is ARC-AGI-1 training's 5582e5ca rule (the output is the input's shape 
 input, the majority colour on 5 of the 9 cells. Real tasks were measured first and do not learn at this scale: the
 real 5582e5ca (3 demonstrations, majorities of 3 cells) reaches a training loss of 0.19 in 512 steps and still no
 right answer (its three inputs can be told apart by position, so they are learnt by heart), 3c9b0459's rotation
-0.6 in 1,024 steps, a copy of the input 1.4 in 256. On this task (build.tiny's Qwen3 seed 2 cut to kit16, the LoRA's
-seed 0, rank 32, lr 3e-3, one torch thread), measured before writing this test: 256 steps of the line's training
+0.6 in 1,024 steps, a copy of the input 1.4 in 256. On this task (build.models.tiny's Qwen3 seed 2 cut to kit16, the
+LoRA's seed 0, rank 32, lr 3e-3, one torch thread), measured before writing this test: 256 steps of the line's training
 (8 s) take the loss from 2.9 to ~0.27, the search finds the answer in 3 of the 8 views and one other grid in 2, and
 the rescoring ranks the answer first (NLL 3.8 against 8.3); with lr 0 (the same 256 steps, no change) no view clears
 the cut-off and the greedy fallback is wrong. An earlier draw of the rule stayed at a loss of 0.6 after 128 steps
@@ -45,8 +45,8 @@ STEPS, RANK, LR = 256, 32, 3e-3
 
 @pytest.fixture(scope="module")
 def grid_model(tmp_path_factory):
-    from build.grid_vocab import cut
-    from build.tiny import make_checkpoint
+    from build.models.grid_vocab import cut
+    from build.models.tiny import make_checkpoint
 
     root = tmp_path_factory.mktemp("grid-learns")
     return cut(make_checkpoint(root / "base", "qwen3", seed=2), root / "grid")

@@ -238,8 +238,8 @@ def test_a_tiny_checkpoint_with_nvarcs_tokenizer_solves_a_task(tmp_path, arc_dat
     weights: which grids is not the point); with `tuned`, on an adapter training.grid_tune trained through the same
     format, loaded as it is (--adapter, model.load_adapter), as the dry run does."""
     pytest.importorskip("peft")
-    from build.grid_vocab import cut
-    from build.tiny import make_checkpoint
+    from build.models.grid_vocab import cut
+    from build.models.tiny import make_checkpoint
     from submission.grid.model import load_adapter
     from submission.grid.queue import task_cost
     from submission.grid.solve import solve_task
@@ -274,12 +274,12 @@ def test_a_tiny_checkpoint_with_nvarcs_tokenizer_solves_a_task(tmp_path, arc_dat
 
 
 def test_the_kits_cut_reads_as_kit16_and_nvarcs_checkpoint_is_not_cut_again(tmp_path):
-    """build.grid_vocab's tokenizer gives the kit16 ids the kit has always used; NVARC's checkpoint, already cut,
+    """build.models.grid_vocab's tokenizer gives the kit16 ids the kit has always used; NVARC's checkpoint, already cut,
     is pointed at its format instead of failing on 'I' (issue 29)."""
     pytest.importorskip("transformers")
     from transformers import AutoTokenizer
 
-    from build.grid_vocab import make_tokenizer, source_ids
+    from build.models.grid_vocab import make_tokenizer, source_ids
 
     make_tokenizer().save_pretrained(tmp_path / "kit")
     (tmp_path / "kit" / "config.json").write_text(json.dumps({"vocab_size": 16}))
@@ -293,7 +293,7 @@ def test_the_kits_cut_reads_as_kit16_and_nvarcs_checkpoint_is_not_cut_again(tmp_
 def test_the_format_flag_overrides_the_profile(tmp_path, arc_data, capsys):
     """`--format nvarc` (make grid-dry-run GRID_FORMAT=nvarc) on a kit16 tokenizer is refused, naming NVARC's token."""
     pytest.importorskip("transformers")
-    from build.grid_vocab import make_tokenizer
+    from build.models.grid_vocab import make_tokenizer
     from submission.grid.main import main
 
     make_tokenizer().save_pretrained(tmp_path / "kit")

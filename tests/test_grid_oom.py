@@ -19,8 +19,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_search_and_rescoring_run_out_of_memory_and_give_the_unbatched_answers(arc_data, tmp_path):
-    from build.grid_vocab import cut
-    from build.tiny import make_checkpoint
+    from build.models.grid_vocab import cut
+    from build.models.tiny import make_checkpoint
     from submission.grid.config import ModelConfig
     from submission.grid.model import load_adapter
     from submission.grid.solve import solve_task
@@ -65,8 +65,8 @@ def test_the_trainings_report_reaches_the_attempt_log_and_its_lines_name_the_tas
     """An out-of-memory error in a training step (issue 29): the checkpointing decision, the retry, the skipped and
     the planned and run steps are in the attempt log's grid detail (submission.grid.workers.records), and every
     training line the worker prints names its task."""
-    from build.grid_vocab import cut
-    from build.tiny import make_checkpoint
+    from build.models.grid_vocab import cut
+    from build.models.tiny import make_checkpoint
     from submission.attempts import AttemptLog, read_log
     from submission.grid.config import ModelConfig
     from submission.grid.model import load_adapter

@@ -47,8 +47,8 @@ def cut_after_first_task(log: Path, counts: dict[str, int]) -> None:
 
 
 def test_a_killed_run_resumes_without_redoing_or_losing_tasks(arc_data, tmp_path):
-    from build.grid_vocab import cut
-    from build.tiny import make_checkpoint
+    from build.models.grid_vocab import cut
+    from build.models.tiny import make_checkpoint
 
     model = cut(make_checkpoint(tmp_path / "base", "qwen3", seed=4), tmp_path / "grid")
     profile = load_grid_profile("grid-tiny")

@@ -27,8 +27,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def grid_model(tmp_path_factory):
-    from build.grid_vocab import cut
-    from build.tiny import make_checkpoint
+    from build.models.grid_vocab import cut
+    from build.models.tiny import make_checkpoint
 
     root = tmp_path_factory.mktemp("grid-tune")
     return cut(make_checkpoint(root / "base", "qwen3", seed=5), root / "grid")

@@ -1,4 +1,4 @@
-"""build.grid_vocab on a tiny Qwen3: 16 rows kept with their trained values, a tokenizer that agrees with the
+"""build.models.grid_vocab on a tiny Qwen3: 16 rows kept with their trained values, a tokenizer that agrees with the
 format's ids on real tasks, and a checkpoint the grid line loads."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
-    from build.grid_vocab import main
-    from build.tiny import make_checkpoint
+    from build.models.grid_vocab import main
+    from build.models.tiny import make_checkpoint
 
     root = tmp_path_factory.mktemp("grid-vocab")
     base = make_checkpoint(root / "base", "qwen3", seed=1)
@@ -41,7 +41,7 @@ def test_rows_are_the_source_rows_of_the_16_tokens(made, read_tensors):
     emb = "model.embed_tokens.weight"
     assert cut[emb].shape[0] == VOCAB and torch.equal(cut[emb], source[emb][ids])
     head = source["lm_head.weight"][ids]
-    # build.tiny zeroes the end-of-turn head rows (<|im_end|>, <|endoftext|>): those come from the embedding
+    # build.models.tiny zeroes the end-of-turn head rows (<|im_end|>, <|endoftext|>): those come from the embedding
     assert record["head_rows_from_embedding"] == ["<pad>", "<eos>"]
     for i in range(VOCAB):
         expected = source[emb][ids[i]] if TOKENS[i] in ("<pad>", "<eos>") else head[i]

@@ -36,8 +36,8 @@ from submission.tasks import TaskSet, load_tasks  # noqa: E402
 
 @pytest.fixture(scope="module")
 def grid_model(tmp_path_factory):
-    from build.grid_vocab import cut
-    from build.tiny import make_checkpoint
+    from build.models.grid_vocab import cut
+    from build.models.tiny import make_checkpoint
 
     root = tmp_path_factory.mktemp("grid-workers")
     return cut(make_checkpoint(root / "base", "qwen3", seed=4), root / "grid")

@@ -11,8 +11,8 @@ Imports made by name at run time (`importlib`, `python -m` in a subprocess) are 
 
 A command-line module is a module whose job is to be run: a `__main__.py`, or a module with a module-level
 `if __name__ == "__main__":` block, unless it is one of TOOLS, the runnable modules that are also imported for their
-functions by design (`build.quantize`'s `quantize`, `training.rft`'s `load_config`: libraries with a command line
-beside). Every other module is a library. Two rules follow:
+functions by design (`build.quantize.quantizer`'s `quantize`, `training.rft`'s `load_config`: libraries with a
+command line beside). Every other module is a library. Two rules follow:
 - a library imports no command-line module: that would tie it to argument parsing, deadlines and exits that its
   caller did not ask for (issue 30: `make_engine` lived in `submission/main.py`);
 - a command-line module imports another one only for its entry (`main`, or `run` for parsed arguments: a
@@ -31,8 +31,9 @@ PACKAGES = ("build", "training", "submission", "sim", "conformance", "offline_wh
 # runnable modules imported for their functions by design (see the module docstring); each entry must be runnable
 # (submission.both's and submission.grid.main's `run` is their line's run, which submission.lines dispatches to)
 TOOLS = frozenset({
-    "build.bundle", "build.calibrate", "build.grid_vocab", "build.patch_eot", "build.pipeline", "build.prune",
-    "build.quantize", "build.tiny", "offline_wheels.lock", "sim.example_log", "submission.both", "submission.grid.main",
+    "build.bundle.bundler", "build.models.grid_vocab", "build.models.tiny", "build.patch_eot", "build.pipeline",
+    "build.prune.calibrate", "build.prune.pruner", "build.quantize.quantizer",
+    "offline_wheels.lock", "sim.example_log", "submission.both", "submission.grid.main",
     "submission.sandbox.client", "submission.score", "training.dataset", "training.rft"})
 ENTRIES = frozenset({"main", "run"})  # what one command-line module may import from another
 
@@ -318,3 +319,76 @@ def test_the_room_rule_catches_an_upward_import():
         "submission.kaggle.boot (kaggle) -> submission.main (runs)",
         "submission.reasoning.prompt (reasoning line) -> submission.grid.format (grid line)",
         "submission.tasks -> build.tiny (submission/ imports nothing of the kit outside it)"]
+
+
+# The rooms of build/ (issue 46), lowest first, as ROOMS is for submission/: each room's modules (a name ending in "."
+# is a package prefix) and the rooms it may import besides its own. The core (a checkpoint's files, its schemes'
+# formats, the layer-by-layer runner, the end-of-turn patch) imports no room; models/, quantize/ and bundle/ stand on
+# the core alone; prune/ reads quantize/'s formats and report (it prunes compressed-tensors checkpoints); the chain
+# (the pipeline and the likelihood check of what it makes) may import every room; the one-release aliases of moved
+# commands run their room's module. Of the rest of the kit build/ imports only submission/ and offline_wheels/ (what
+# a bundle must satisfy, the solver's prompts for calibration, the wheels it ships); training/ calls build.pipeline.
+BUILD_ROOMS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "core": (frozenset({"build", "build.checkpoint", "build.schemes", "build.layerwise", "build.patch_eot"}),
+             frozenset()),
+    "models": (frozenset({"build.models", "build.models."}), frozenset({"core"})),
+    "quantize": (frozenset({"build.quantize", "build.quantize."}), frozenset({"core"})),
+    "prune": (frozenset({"build.prune", "build.prune."}), frozenset({"core", "quantize"})),
+    "bundle": (frozenset({"build.bundle", "build.bundle."}), frozenset({"core"})),
+    "chain": (frozenset({"build.pipeline", "build.check_quality"}),
+              frozenset({"core", "models", "quantize", "prune", "bundle"})),
+    "aliases": (frozenset({"build.tiny", "build.grid_vocab", "build.calibrate", "build.experts", "build.adoption",
+                           "build.notebook"}), frozenset({"models", "prune", "bundle"})),
+}
+
+
+def build_room_of(module: str, rooms: dict[str, tuple[frozenset[str], frozenset[str]]] = BUILD_ROOMS) -> list[str]:
+    """The rooms of build/ whose lists name `module` (exactly one for every module of build/; an exact name wins over
+    a package prefix)."""
+    exact = [room for room, (members, _) in rooms.items() if module in members]
+    return exact or [room for room, (members, _) in rooms.items()
+                     if any(m.endswith(".") and module.startswith(m) for m in members)]
+
+
+def test_every_module_of_build_has_one_room():
+    found = {name: build_room_of(name) for name in kit_modules() if name.split(".")[0] == "build"}
+    assert {name: rooms for name, rooms in found.items() if len(rooms) != 1} == {}
+
+
+def build_room_problems(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a build/ module against its rooms, as `importer (room) -> imported (room)`."""
+    found = []
+    for name, targets in sorted(graph.items()):
+        if name.split(".")[0] != "build":
+            continue
+        room = build_room_of(name)[0]
+        for target in sorted(targets):
+            if target.split(".")[0] not in ("build", "submission", "offline_wheels"):
+                found.append(f"{name} -> {target} (build/ imports of the kit only submission/ and offline_wheels/)")
+            elif target.split(".")[0] == "build" and build_room_of(target)[0] not in BUILD_ROOMS[room][1] | {room}:
+                found.append(f"{name} ({room}) -> {target} ({build_room_of(target)[0]})")
+    return found
+
+
+def test_no_room_of_build_imports_one_above_it():
+    found = build_room_problems(import_graph(kit_modules()))
+    assert not found, "imports against the rooms of build/:\n" + "\n".join(found)
+
+
+def test_the_build_room_rule_catches_an_upward_import():
+    """The rule itself on the real graph with edges added: the core importing a model maker, the quantiser importing
+    the pruner's statistics, a model maker importing the quantiser, the bundler importing the pipeline, the
+    quantiser importing the simulator are each reported; calibration importing the quantiser (allowed) is not."""
+    graph = {name: set(targets) for name, targets in import_graph(kit_modules()).items()}
+    graph["build.checkpoint"].add("build.models.tiny")
+    graph["build.quantize.quantizer"].add("build.prune.stats")
+    graph["build.models.tiny"].add("build.quantize.fused")
+    graph["build.bundle.bundler"].add("build.pipeline")
+    graph["build.quantize.quantizer"].add("sim.example_log")
+    graph["build.prune.calibrate"].add("build.quantize.quantizer")
+    assert build_room_problems(graph) == [
+        "build.bundle.bundler (bundle) -> build.pipeline (chain)",
+        "build.checkpoint (core) -> build.models.tiny (models)",
+        "build.models.tiny (models) -> build.quantize.fused (quantize)",
+        "build.quantize.quantizer (quantize) -> build.prune.stats (prune)",
+        "build.quantize.quantizer -> sim.example_log (build/ imports of the kit only submission/ and offline_wheels/)"]

@@ -48,8 +48,8 @@ def tasks(arc_data) -> tuple[dict, dict]:
 @pytest.fixture(scope="module")
 def uploaded(tmp_path_factory) -> Path:
     """The CPU bundle as the real client uploaded it: manifest.json and one tar per top-level folder."""
-    from build.bundle import bundle
-    from build.tiny import make_checkpoint
+    from build.bundle.bundler import bundle
+    from build.models.tiny import make_checkpoint
 
     root = tmp_path_factory.mktemp("shipped")
     model = make_checkpoint(root / "model", "qwen3", seed=0)

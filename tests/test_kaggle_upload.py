@@ -2,7 +2,7 @@
 build.bundle's upload_advice prints run by the pinned client (kaggle 2.2.5) with only its HTTP transport faked
 (tests/kaggle_client.py), what it sent laid out as Kaggle mounts it, checked file by file against the manifest.
 
-`--dir-mode tar` (build.bundle.DIR_MODE) sends manifest.json and one archive per top-level folder (kit.tar,
+`--dir-mode tar` (build.bundle.bundler.DIR_MODE) sends manifest.json and one archive per top-level folder (kit.tar,
 model.tar, wheels.tar), never dataset-metadata.json; without --dir-mode the client sends manifest.json alone. Tar
 rather than zip, measured on this CPU bundle (541 MB in 129 files; the client's whole run with the fake transport,
 2 shared cores, two runs each): tar 1.8-5.6 s for 541.2 MB sent, zip 25-28 s for 530.6 MB (2% smaller: wheels and
@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("torch", reason="the tiny model needs torch (the build environment)")
 
-from build.bundle import CLIENT_IGNORES, DIR_MODE, bundle, client_ignored, upload_commands, verify  # noqa: E402
+from build.bundle.bundler import CLIENT_IGNORES, DIR_MODE, bundle, client_ignored, upload_commands, verify  # noqa: E402
 from kaggle_client import archive_members, kaggle_cli, mount, run_client, tiny_bundle, upload  # noqa: E402
 from submission.kaggle.boot import manifest_problems  # noqa: E402
 

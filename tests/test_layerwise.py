@@ -16,10 +16,10 @@ pytest.importorskip("compressed_tensors.entrypoints.convert.converters.magnitude
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from build.calibrate import Recorder, calibrate, count_decisions  # noqa: E402
 from build.layerwise import LayerRunner, Shards, chunks  # noqa: E402
-from build.stats import BINS  # noqa: E402
-from build.tiny import make_checkpoint  # noqa: E402
+from build.models.tiny import make_checkpoint  # noqa: E402
+from build.prune.calibrate import Recorder, calibrate, count_decisions  # noqa: E402
+from build.prune.stats import BINS  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["qwen3", "qwen3_moe", "qwen3_next"])
@@ -91,7 +91,7 @@ def test_layered_statistics_equal_whole_model_hooks(tmp_path, arch):
     ("build/recipes/moe-4xL4.toml", {"moe_intermediate_size": 128}),  # the study's W4A16 (groups of 128)
 ])
 def test_quantised_modules_dequantise_in_memory_as_the_library_does(tmp_path, read_tensors, recipe, widths):
-    from build.quantize import dequantize_checkpoint, quantize
+    from build.quantize.quantizer import dequantize_checkpoint, quantize
 
     source = make_checkpoint(tmp_path / "model", "qwen3_moe", seed=0, max_shard_size="300KB", widths=widths)
     quantize(source, recipe, tmp_path / "q", report=False)
@@ -115,9 +115,9 @@ def test_quantised_modules_dequantise_in_memory_as_the_library_does(tmp_path, re
 def test_layered_scale_calibration_equals_whole_model_hooks(checkpoint):
     """The static input amax and the KV amax observed one layer at a time (in chunks of prompts) equal the same hooks
     on the whole model in transformers: every module, every value."""
-    from build.activations import activation_amax
-    from build.input_scales import observe_inputs
-    from build.kv_scales import observe_kv
+    from build.quantize.activations import activation_amax
+    from build.quantize.input_scales import observe_inputs
+    from build.quantize.kv_scales import observe_kv
 
     vocab = json.loads((checkpoint / "config.json").read_text())["vocab_size"]
     prompts = [t["token_ids"] for t in traces(4, vocab, seed=5)]
@@ -169,7 +169,7 @@ def test_loading_a_layer_holds_about_its_float32_bytes(tmp_path):
     import sys
     from pathlib import Path
 
-    from build.topology import write_topology
+    from build.models.topology import write_topology
 
     if not Path("/proc/self/clear_refs").exists():
         pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak resident set")

@@ -88,7 +88,7 @@ def tasks(arc_data):
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from build.tiny import make_checkpoint
+    from build.models.tiny import make_checkpoint
 
     return make_checkpoint(tmp_path_factory.mktemp("tiny") / "qwen3", "qwen3", seed=0)
 

@@ -1,8 +1,8 @@
-"""build.nvfp4's compiled NVFP4 loops against compressed-tensors' own calls (`generate_gparam`, `calculate_qparams`,
-`NVFP4PackedCompressor.compress` on the CPU), byte for byte: rounding ties in both directions, signed zeros, values
-that round to zero, all-zero blocks (the eps scale), subnormal FP8 scales, huge and tiny weights, fused groups of
-several members, bfloat16 and float32 inputs; and the FP8 E4M3 rounding against torch's conversion on every code,
-every midpoint and millions of other values. Needs the build environment (make build-env)."""
+"""build.quantize.nvfp4's compiled NVFP4 loops against compressed-tensors' own calls (`generate_gparam`,
+`calculate_qparams`, `NVFP4PackedCompressor.compress` on the CPU), byte for byte: rounding ties in both directions,
+signed zeros, values that round to zero, all-zero blocks (the eps scale), subnormal FP8 scales, huge and tiny weights,
+fused groups of several members, bfloat16 and float32 inputs; and the FP8 E4M3 rounding against torch's conversion on
+every code, every midpoint and millions of other values. Needs the build environment (make build-env)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pytest
 
 pytest.importorskip("compressed_tensors.entrypoints.convert.converters.magnitude_expert_pruner",
                     reason="the reference is compressed-tensors 0.20 (make build-env)")
-pytest.importorskip("numba", reason="build.nvfp4 compiles with numba (make build-env)")
+pytest.importorskip("numba", reason="build.quantize.nvfp4 compiles with numba (make build-env)")
 
 import torch  # noqa: E402
 
-from build import nvfp4  # noqa: E402
+from build.quantize import nvfp4  # noqa: E402
 
 TIES = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -1.25, -0.0, 0.0, -0.1, 0.1, -5.0])
 

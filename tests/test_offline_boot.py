@@ -20,8 +20,8 @@ import pytest
 
 pytest.importorskip("torch", reason="the tiny model needs the engine environment")
 
-from build.bundle import bundle, verify  # noqa: E402
-from build.tiny import make_checkpoint  # noqa: E402
+from build.bundle.bundler import bundle, verify  # noqa: E402
+from build.models.tiny import make_checkpoint  # noqa: E402
 from kaggle_box import GUARD  # noqa: E402
 
 
@@ -60,7 +60,7 @@ def boot(root: Path, bundle_dir: Path, name: str, tasks: int = 3) -> subprocess.
 
 @pytest.mark.timeout(1800)
 def test_a_grid_line_bundle_boots_offline_and_rehearses(tmp_path, arc_data):
-    from build.grid_vocab import cut
+    from build.models.grid_vocab import cut
 
     challenges = kaggle_input(tmp_path, arc_data)
     model = cut(make_checkpoint(tmp_path / "base", "qwen3", seed=0), tmp_path / "grid")
@@ -86,7 +86,7 @@ def test_a_combined_bundle_boots_offline_and_merges_both_lines(tmp_path, arc_dat
     """both-tiny's bundle: the tiny Qwen3 for the reasoning line (hf engine) in model/, the same cut to 16 tokens for
     one grid worker in grid-model/; the rehearsal runs submission.both on two real tasks and ends once each
     line's log has a finished attempt per task; its answer file is the merge of the two logs."""
-    from build.grid_vocab import cut
+    from build.models.grid_vocab import cut
     from submission.attempts import read_log
     from submission.merge import merge_logs
 

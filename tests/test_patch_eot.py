@@ -13,8 +13,8 @@ pytest.importorskip("compressed_tensors.entrypoints.convert.converters.magnitude
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
+from build.models.tiny import make_checkpoint  # noqa: E402
 from build.patch_eot import PATCH_KEY, PatchError, patch  # noqa: E402
-from build.tiny import make_checkpoint  # noqa: E402
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -53,9 +53,9 @@ def test_tiny_checkpoints_come_patched(tmp_path):
 
 
 def test_tiny_tied_and_patched_keeps_the_input_embeddings(tmp_path, read_tensors):
-    """`build.tiny --tied` unties the head before zeroing its end rows, as the patch does: zeroing a tied head used
-    to zero the end tokens' input embeddings too."""
-    make_checkpoint(tmp_path / "model", "qwen3", seed=0, tied=True)  # what `build.tiny --tied` makes
+    """`build.models.tiny --tied` unties the head before zeroing its end rows, as the patch does: zeroing a tied head
+    used to zero the end tokens' input embeddings too."""
+    make_checkpoint(tmp_path / "model", "qwen3", seed=0, tied=True)  # what `build.models.tiny --tied` makes
     tensors = read_tensors(tmp_path / "model")
     config = json.loads((tmp_path / "model" / "config.json").read_text())
     ids = config[PATCH_KEY]["end_of_turn_rows_zeroed"]

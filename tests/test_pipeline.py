@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("compressed_tensors.entrypoints.convert.converters.magnitude_expert_pruner",
                     reason="the pipeline needs the build environment (make build-env)")
 
-from build.bundle import bundle, verify  # noqa: E402
+from build.bundle.bundler import bundle, verify  # noqa: E402
+from build.models.tiny import make_checkpoint  # noqa: E402
 from build.pipeline import chain, run  # noqa: E402
-from build.tiny import make_checkpoint  # noqa: E402
 from offline_wheels.lock import sha256  # noqa: E402
 from submission.kaggle.bundle_files import join_split_files  # noqa: E402
 
@@ -74,7 +74,7 @@ def test_split_files_are_reassembled(tmp_path):
 def test_a_grid_bundle_carries_its_adapter_inside_the_model(tmp_path):
     """Issue 29: the bundle carries the base and the adapter; the profile's relative model.adapter finds it inside
     the model folder wherever boot mounts it. An adapter the run could not find is refused before any copy."""
-    from build.grid_vocab import cut
+    from build.models.grid_vocab import cut
 
     grid = cut(make_checkpoint(tmp_path / "base", "qwen3", seed=0), tmp_path / "grid")
     adapter = tmp_path / "tuned"

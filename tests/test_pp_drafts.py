@@ -50,7 +50,7 @@ def v033(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
-    from build.topology import write_topology
+    from build.models.topology import write_topology
 
     return write_topology(tmp_path_factory.mktemp("next") / "qwen3-next", "qwen3-next-80b")
 

@@ -111,7 +111,7 @@ def test_a_grid_bundle_needs_a_gpu_per_worker_and_the_grid_vocabulary():
     bad = {c.name: c.detail for c in checks(profile, replace(facts, gpus=(L4,) * 2, model_bytes=30 * GIB,
                                                              model_config={**grid_config, "vocab_size": 151936}))
            if not c.ok}
-    assert set(bad) == {"GPUs", "GPU memory", "grid vocabulary"} and "build.grid_vocab" in bad["grid vocabulary"]
+    assert set(bad) == {"GPUs", "GPU memory", "grid vocabulary"} and "build.models.grid_vocab" in bad["grid vocabulary"]
     cpu = replace(facts, gpus=(), driver=None, manifest={"lock": CPU_LOCK, "profile": "grid-tiny", "model": {}},
                   bundle_profile="grid-tiny")
     results = checks(load_grid_profile("grid-tiny"), cpu)
@@ -222,7 +222,7 @@ def test_a_combined_bundle_refuses_a_missing_or_wrong_grid_model():
     missing = both_failed("both-4xL4", facts, replace(grid_facts, model_config=None, model_bytes=0))
     assert missing == {"grid line: model config": "grid-model/config.json is missing or not JSON"}
     swapped = both_failed("both-4xL4", facts, replace(grid_facts, model_config=facts.model_config))
-    assert "the grid line needs 16 (build.grid_vocab)" in swapped["grid line: grid vocabulary"]
+    assert "the grid line needs 16 (build.models.grid_vocab)" in swapped["grid line: grid vocabulary"]
 
 
 def test_the_command_on_a_combined_bundle_without_its_grid_model(tmp_path):

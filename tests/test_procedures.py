@@ -231,7 +231,7 @@ def test_rft_rows_and_inference_share_the_dense_prompt(tmp_path):
     """training.dataset re-renders each trace's prompt with the profile's [prompt] it is given: a trace sampled with
     the dense profile's JSON prompt becomes a row under that profile and is refused under a row-wise one."""
     pytest.importorskip("transformers", reason="rows need a tokenizer (make engine-env)")
-    from build.tiny import make_tokenizer
+    from build.models.tiny import make_tokenizer
     from submission.reasoning.profile import PromptConfig
     from submission.reasoning.prompt import render
     from training.dataset import PromptMismatch, rows_from_traces

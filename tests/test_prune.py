@@ -19,8 +19,8 @@ pytest.importorskip("compressed_tensors.entrypoints.convert.converters.magnitude
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from build.prune import PruneError, prune  # noqa: E402
-from build.tiny import make_checkpoint  # noqa: E402
+from build.models.tiny import make_checkpoint  # noqa: E402
+from build.prune.pruner import PruneError, prune  # noqa: E402
 
 EXPERTS, KEEP = 8, 4
 
@@ -140,7 +140,7 @@ def test_files_equal_the_library_converters_byte_for_byte(arch, tmp_path):
     from compressed_tensors.entrypoints.convert.converters.magnitude_expert_pruner import MagnitudeExpertPruner
     from compressed_tensors.utils.moe import extract_expert_index
 
-    from build.prune import EXPERT, MTP_ROUTER, ROUTER, expert_to_router, set_expert_count
+    from build.prune.pruner import EXPERT, MTP_ROUTER, ROUTER, expert_to_router, set_expert_count
 
     folder = make_checkpoint(tmp_path / "model", arch, seed=0, max_shard_size="300KB")
     if arch == "qwen3_next":
@@ -180,7 +180,7 @@ def test_pruning_a_quantised_checkpoint_equals_quantising_the_pruned_one(recipe,
     its MTP layer (experts 128 wide, W4A16's groups of 128), for the study's recipe and the kit's NVFP4 one."""
     from safetensors import safe_open
 
-    from build.quantize import quantize
+    from build.quantize.quantizer import quantize
 
     source = make_checkpoint(tmp_path / "model", "qwen3_next", seed=0, max_shard_size="300KB",
                              widths={"moe_intermediate_size": 128})
@@ -221,7 +221,7 @@ def test_pruning_a_quantised_checkpoint_equals_quantising_the_pruned_one(recipe,
 def test_every_part_of_an_expert_follows_it_and_the_config_names_too():
     """Asymmetric and act-order checkpoints carry more parts per expert (`weight_zero_point`, `weight_g_idx`): all go
     or are renumbered with the expert; the quantization_config's explicit names follow, its patterns stay."""
-    from build.prune import kept_tensors, module_renames, pruned_quantization_config
+    from build.prune.pruner import kept_tensors, module_renames, pruned_quantization_config
 
     parts = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point", "weight_g_idx")
     names = ["model.layers.0.mlp.gate.weight"] + [f"model.layers.0.mlp.experts.{e}.up_proj.{part}"

@@ -17,9 +17,9 @@ pytest.importorskip("compressed_tensors.entrypoints.convert.converters.magnitude
 
 import torch  # noqa: E402
 
-from build.quantize import (Recipe, Rule, dequantize, dequantize_checkpoint, fp8_weights, load_recipe,  # noqa: E402
-                            quantize)
-from build.tiny import make_checkpoint  # noqa: E402
+from build.models.tiny import make_checkpoint  # noqa: E402
+from build.quantize.quantizer import (Recipe, Rule, dequantize, dequantize_checkpoint, fp8_weights,  # noqa: E402
+                                      load_recipe, quantize)
 from reference_quantize import reference_quantize  # noqa: E402  (tests/ is on the path)
 from submission.strict_toml import TomlError  # noqa: E402
 
@@ -53,8 +53,9 @@ def reference_nvfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
 
 
 def nvfp4_group(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """One fused group's float32 weights through build.nvfp4, as the compressed tensors build.quantize writes."""
-    from build.nvfp4 import quantize as nvfp4
+    """One fused group's float32 weights through build.quantize.nvfp4, as the compressed tensors the quantiser
+    writes."""
+    from build.quantize.nvfp4 import quantize as nvfp4
 
     names = list(weights)
     flat = torch.cat([w.reshape(-1) for w in weights.values()]).numpy()
@@ -193,8 +194,8 @@ def test_likelihood_check_dequantises_a_quantised_candidate(tmp_path):
 
 
 def test_kv_cache_scales(tmp_path, arc_data, read_tensors):
-    from build.activations import kv_amax
-    from build.kv_scales import FP8_MAX, calibration_prompts, scales
+    from build.quantize.activations import kv_amax
+    from build.quantize.kv_scales import FP8_MAX, calibration_prompts, scales
     from submission.tasks import load_tasks
 
     source = make_checkpoint(tmp_path / "model", "qwen3", seed=0)
@@ -233,8 +234,8 @@ def test_kv_cache_scales(tmp_path, arc_data, read_tensors):
 
 
 def test_static_schemes_carry_calibrated_input_scales(tmp_path, arc_data, read_tensors):
-    from build.activations import input_amax
-    from build.kv_scales import calibration_prompts
+    from build.quantize.activations import input_amax
+    from build.quantize.kv_scales import calibration_prompts
     from submission.tasks import load_tasks
 
     source = make_checkpoint(tmp_path / "model", "qwen3_moe", seed=0)
@@ -361,7 +362,7 @@ def reference_int(w: torch.Tensor, bits: int, group: int | None) -> tuple[torch.
 
 @pytest.mark.parametrize("scheme, bits, group", [("W4A16", 4, 128), ("W8A16_CHANNEL", 8, None)])
 def test_int_weights_match_the_format_definition_byte_for_byte(scheme, bits, group):
-    from build.quantize import int_weights
+    from build.quantize.quantizer import int_weights
 
     torch.manual_seed(2)
     w = torch.randn(48, 256) * torch.logspace(-3, 0, 48)[:, None]

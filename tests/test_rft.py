@@ -17,7 +17,7 @@ except ImportError:
 
 import torch  # noqa: E402
 
-from build.tiny import make_checkpoint  # noqa: E402
+from build.models.tiny import make_checkpoint  # noqa: E402
 from submission.reasoning.profile import PromptConfig  # noqa: E402
 from submission.reasoning.prompt import render  # noqa: E402
 from submission.tasks import load_tasks  # noqa: E402
@@ -132,8 +132,8 @@ def test_merge_requantises_and_recomputes_the_kv_scales_on_the_merged_model(setu
     scales come from the merged model's own activations on the calibration tasks, not from the base's."""
     import shutil
 
-    from build.activations import kv_amax
-    from build.kv_scales import calibration_prompts, scales
+    from build.quantize.activations import kv_amax
+    from build.quantize.kv_scales import calibration_prompts, scales
 
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -240,7 +240,7 @@ def test_chunked_loss_and_gradients_equal_the_plain_ones_on_qwen3_next():
     """Qwen3-Next: fused linear-attention projections (the study's names mapped) and MoE MLPs (chunked too)."""
     from transformers import AutoModelForCausalLM
 
-    from build.tiny import make_config
+    from build.models.tiny import make_config
 
     _chunked_equals_plain(AutoModelForCausalLM.from_config(make_config("qwen3_next", 1024, 1, 2)), TARGETS)
 
@@ -280,7 +280,7 @@ def test_offload_takes_each_checkpointed_layer_input(monkeypatch):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from build.tiny import make_config
+    from build.models.tiny import make_config
 
     saved = []
 

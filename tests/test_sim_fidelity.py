@@ -37,7 +37,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="the fidelity test needs the engine environment (make engine-env)")
 
-from build.tiny import make_checkpoint  # noqa: E402
+from build.models.tiny import make_checkpoint  # noqa: E402
 from sim.calibrate import fit  # noqa: E402
 from sim.serving import Job, ServingModel, SharedEngine  # noqa: E402
 

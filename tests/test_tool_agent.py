@@ -321,7 +321,7 @@ def test_no_direct_fallback_after_an_abort(tasks):
 
 def test_tool_turn_continues_the_conversation_as_the_template_writes_it(tmp_path):
     pytest.importorskip("transformers", reason="needs a tokenizer (the engine or build environment)")
-    from build.tiny import make_tokenizer
+    from build.models.tiny import make_tokenizer
     from submission.reasoning.prompt import tool_turn
 
     tokenizer = make_tokenizer(tmp_path)
@@ -349,7 +349,7 @@ def test_solver_runs_the_tool_agent_on_the_tiny_model(tmp_path, arc_data):
     pytest.importorskip("torch", reason="needs the engine environment (make engine-env)")
     pytest.importorskip("xgrammar", reason="needs the engine environment (make engine-env)")
     import submission.main as solver
-    from build.tiny import make_checkpoint
+    from build.models.tiny import make_checkpoint
 
     model = make_checkpoint(tmp_path / "tiny", "qwen3", seed=0)
     profile = (PROFILES / "cpu-tiny.toml").read_text() + (

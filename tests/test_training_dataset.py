@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("transformers", reason="rows need a tokenizer (make engine-env)")
 
-from build.tiny import make_tokenizer  # noqa: E402
+from build.models.tiny import make_tokenizer  # noqa: E402
 from submission.reasoning.profile import PromptConfig  # noqa: E402
 from submission.reasoning.prompt import render  # noqa: E402
 from submission.tasks import load_tasks  # noqa: E402
@@ -58,7 +58,7 @@ def test_traces_resume_and_become_rows(tmp_path, arc_data):
 
     from transformers import AutoTokenizer
 
-    from build.tiny import make_checkpoint
+    from build.models.tiny import make_checkpoint
     from training.dataset import rows_from_traces
 
     model = make_checkpoint(tmp_path / "model", "qwen3", seed=0)

@@ -43,7 +43,7 @@ def checkpoint(tmp_path_factory) -> Path:
         pytest.skip("needs the build environment's python to quantise (KIT_BUILD_PYTHON; make test sets it)")
     folder = tmp_path_factory.mktemp("moe-w4a16")
     (folder / "list.json").write_text(json.dumps({"name": "half", "experts": [[0, 2, 4, 6], [1, 3, 5, 7]]}))
-    script = ("import sys; from pathlib import Path; from build.tiny import make_checkpoint; "
+    script = ("import sys; from pathlib import Path; from build.models.tiny import make_checkpoint; "
               "from build.pipeline import chain; f = Path(sys.argv[1]); "
               "m = make_checkpoint(f / 'source', 'qwen3_next', seed=0, patched=False, "
               "widths={'moe_intermediate_size': 128}); "

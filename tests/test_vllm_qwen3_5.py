@@ -104,9 +104,9 @@ def vllm_config(checkpoint_config: dict, prefixes: dict | None, packed: dict):
 def test_vllm_finds_each_quantised_layer_of_the_kits_qwen3_5_and_no_other(v033, tmp_path):
     from safetensors import safe_open
 
-    from build.fused import HEAD_TARGETS, PACKED, fused_name
-    from build.quantize import load_recipe, plan, quantization_config
-    from build.tiny import make_checkpoint
+    from build.models.tiny import make_checkpoint
+    from build.quantize.fused import HEAD_TARGETS, PACKED, fused_name
+    from build.quantize.quantizer import load_recipe, plan, quantization_config
 
     prefixes, packed, mtp_packed = mappers(v033)
     folder = make_checkpoint(tmp_path / "model", "qwen3_5", seed=0)

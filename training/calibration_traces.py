@@ -1,4 +1,4 @@
-"""Calibration traces for `build.calibrate` from real ARC tasks, through the solver's own prompt renderer.
+"""Calibration traces for `build.prune.calibrate` from real ARC tasks, through the solver's own prompt renderer.
 
     python -m training.calibration_traces --model DIR --tasks DIR [--max-tasks 24] [--thinking 96] --out traces.jsonl
                                           [--config FILE.toml] [--corpus DIR --corpus-fraction F --corpus-seed S]

@@ -117,7 +117,7 @@ def _unsloth_model(args: argparse.Namespace, device: str):
                                                  use_gradient_checkpointing=False, device_map=device)
     if model.config.vocab_size != VOCAB:
         raise ValueError(f"{args.model}/config.json: vocab_size is {model.config.vocab_size}, the grid line needs "
-                         f"{VOCAB} (cut the checkpoint with python -m build.grid_vocab)")
+                         f"{VOCAB} (cut the checkpoint with python -m build.models.grid_vocab)")
     return model
 
 
@@ -212,7 +212,7 @@ def merge(model_dir: Path, out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.grid_tune", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, type=Path, help="grid checkpoint (build.grid_vocab's output)")
+    parser.add_argument("--model", required=True, type=Path, help="grid checkpoint (build.models.grid_vocab's output)")
     parser.add_argument("--tasks", action="append", type=Path, default=[], help="labelled task folder (repeatable)")
     parser.add_argument("--in-sample-tasks", action="append", type=Path, default=[],
                         help="a labelled set whose later evaluation becomes in-sample (e.g. ARC-AGI-2 evaluation)")

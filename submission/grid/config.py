@@ -1,7 +1,7 @@
 """Grid-line profiles: one TOML file (profiles/grid-*.toml) with `line = "grid"`, validated like every profile.
 
     line = "grid"
-    [model]    checkpoint (made by build.grid_vocab), dtype, format, adapter  (ModelConfig)
+    [model]    checkpoint (made by build.models.grid_vocab), dtype, format, adapter  (ModelConfig)
     [ttt]      per-task test-time training                             (submission.grid.ttt.TTTConfig)
     [search]   views, cut-off and time per batch of the search         (SearchConfig)
     [rescore]  fresh views for the rescoring                           (RescoreConfig)
@@ -35,7 +35,7 @@ def _interp(x: float, xs: tuple[float, ...] | list[float], ys: tuple[float, ...]
 class ModelConfig:
     path: str = ""  # checkpoint folder; --model overrides it
     dtype: str = "bfloat16"
-    # the grid layout the checkpoint was trained on (submission.grid.format.LAYOUTS): "kit16", build.grid_vocab's
+    # the grid layout the checkpoint was trained on (submission.grid.format.LAYOUTS): "kit16", build.models.grid_vocab's
     # cut; "nvarc", NVARC's published Qwen3 4B. Its token ids are read from the checkpoint's tokenizer at load.
     format: str = "kit16"
     adapter: str = ""  # PEFT adapter folder loaded on the base per worker (training.grid_tune's out/adapter); --adapter
@@ -160,7 +160,7 @@ class RunConfig:
 @dataclass(frozen=True)
 class GridBuildConfig:
     """How `make bundle` / build.pipeline lays out this profile's Kaggle dataset: the checkpoint goes in as it is
-    (build.grid_vocab's cut, fine-tuned or not); no pruning or quantisation on this line."""
+    (build.models.grid_vocab's cut, fine-tuned or not); no pruning or quantisation on this line."""
 
     target: str = "cpu-py311"  # offline_wheels/targets.toml
 

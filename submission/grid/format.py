@@ -4,8 +4,8 @@ A format is data, not code. `LAYOUTS` holds each as text, the profile's `model.f
 come from the checkpoint's own tokenizer files (`read_format`), checked before any weight is loaded: every grid
 symbol and marker one id of its own, inside the model's vocabulary, or an error naming the token.
 
-- `kit16` (build.grid_vocab's cut): <bos>, then per demonstration `I grid O grid <eos>`, then the query `I grid O`;
-  every row ends with a newline, the last one included.
+- `kit16` (build.models.grid_vocab's cut): <bos>, then per demonstration `I grid O grid <eos>`, then the query
+  `I grid O`; every row ends with a newline, the last one included.
 - `nvarc` (NVARC's published Qwen3 4B, github 1ytic/NVARC: `QwenFormatter` in ARC-AGI1/002_ivan_arc1.ipynb, the
   16-token tokenizer in ARChitects/qwen3_configs/): no begin token; per demonstration
   `<|im_start|>user\\n grid <|im_end|><|im_start|>assistant\\n grid <|im_end|>`, then the query up to
@@ -28,7 +28,7 @@ from submission.tasks import Pair
 
 TOKENS = ("0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "\n", "I", "O", "<pad>", "<eos>", "<bos>")
 NEWLINE, INPUT, OUTPUT, PAD, EOS, BOS = range(COLOURS, COLOURS + 6)
-VOCAB = len(TOKENS)  # kit16's, the vocabulary build.grid_vocab cuts to
+VOCAB = len(TOKENS)  # kit16's, the vocabulary build.models.grid_vocab cuts to
 
 
 @dataclass(frozen=True)

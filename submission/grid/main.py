@@ -36,7 +36,7 @@ from submission.tasks import LoadError, TaskSet
 
 def parser() -> argparse.ArgumentParser:
     p = cli.parser("python -m submission.grid.main", __doc__, "grid-tiny")
-    p.add_argument("--model", help="grid checkpoint folder (build.grid_vocab's output)")
+    p.add_argument("--model", help="grid checkpoint folder (build.models.grid_vocab's output)")
     p.add_argument("--format", choices=sorted(LAYOUTS), help="the checkpoint's grid format (overrides model.format)")
     p.add_argument("--adapter", help="a PEFT adapter folder loaded on the model per worker (training.grid_tune's "
                    "out/adapter; relative to the working directory); each task's training starts from its weights")

@@ -38,13 +38,13 @@ ANSWER_ROOM = 931  # a 30 x 30 grid, its newlines and <eos>: what a search cache
 
 
 def load_model(model_dir: str | Path, dtype: str = "bfloat16", device: str = "cpu"):
-    """A checkpoint made by build.grid_vocab, in eval mode; refuses any other vocabulary."""
+    """A checkpoint made by build.models.grid_vocab, in eval mode; refuses any other vocabulary."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device)
     if model.config.vocab_size != VOCAB:
         raise ValueError(f"{model_dir}/config.json: vocab_size is {model.config.vocab_size}, the grid line needs "
-                         f"{VOCAB} (cut the checkpoint with python -m build.grid_vocab)")
+                         f"{VOCAB} (cut the checkpoint with python -m build.models.grid_vocab)")
     return model.eval()
 
 
@@ -67,7 +67,7 @@ def _unsloth_base(config: ModelConfig, device: str):
                                                  use_gradient_checkpointing=False, device_map=device)
     if model.config.vocab_size != VOCAB:
         raise ValueError(f"{config.path}/config.json: vocab_size is {model.config.vocab_size}, the grid line needs "
-                         f"{VOCAB} (cut the checkpoint with python -m build.grid_vocab)")
+                         f"{VOCAB} (cut the checkpoint with python -m build.models.grid_vocab)")
     return model
 
 

@@ -192,7 +192,7 @@ def _grid_model_checks(facts: Facts) -> list[Check]:
     return [Check("model architecture", bool(architectures), ", ".join(architectures) or "none in config.json"),
             Check("grid vocabulary", config.get("vocab_size") == VOCAB,
                   f"config.json: vocab_size {config.get('vocab_size')}; the grid line needs {VOCAB} "
-                  f"(build.grid_vocab)")]
+                  f"(build.models.grid_vocab)")]
 
 
 def _model_checks(profile: Profile, facts: Facts) -> list[Check]:

@@ -117,7 +117,7 @@ class BuildConfig:
     """How `make bundle` / build.pipeline turns a checkpoint into this profile's Kaggle dataset."""
 
     target: str = "cpu-py311"  # offline_wheels/targets.toml
-    expert_list: str = ""  # build.experts list to prune with ("" = no pruning)
+    expert_list: str = ""  # build.prune.experts list to prune with ("" = no pruning)
     recipe: str = ""  # build/recipes/*.toml ("" = no quantisation)
     calibration_tasks: str = ""  # ARC tasks for KV-cache and static input scales ("" = none)
 

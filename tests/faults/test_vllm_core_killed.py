@@ -58,7 +58,7 @@ def logged(log: Path) -> list:
 
 @pytest.mark.timeout(DEADLINE_S + 120)
 def test_engine_core_killed_mid_run_is_restarted_and_nothing_is_lost(tmp_path, arc_data):
-    from build.tiny import make_checkpoint
+    from build.models.tiny import make_checkpoint
 
     evaluation = arc_data / "arc-agi-2" / "evaluation"
     model = make_checkpoint(tmp_path / "qwen3", "qwen3", seed=0)

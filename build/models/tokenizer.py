@@ -1,9 +1,10 @@
-"""The kit's own small tokenizer for tiny checkpoints (build.tiny, build.topology): Qwen's special tokens and a
-Qwen3-style chat template whose generation prompt opens thinking, over a byte-level BPE trained on a built-in corpus.
+"""The kit's own small tokenizer for tiny checkpoints (build.models.tiny, build.models.topology): Qwen's special tokens
+and a Qwen3-style chat template whose generation prompt opens thinking, over a byte-level BPE trained on a built-in
+corpus.
 
 The real special tokens (<|im_start|>, <|im_end|>, <think>, </think>, <|endoftext|>) let every model path run on
 tiny checkpoints; digits are split one per token as in Qwen's tokenizer. Its own module because both kinds of tiny
-checkpoint (build.tiny's architectures and build.topology's full topologies) are written with it.
+checkpoint (build.models.tiny's architectures and build.models.topology's full topologies) are written with it.
 """
 
 from __future__ import annotations

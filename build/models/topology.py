@@ -1,12 +1,12 @@
 """Full-topology, tiny-width checkpoints: the real model's layer count, expert count, MTP layer, tensor names, shard
 count and config keys, with tiny hidden sizes, so every loop of build/ runs over the real number of tensors.
 
-    python -m build.tiny --topology qwen3-next-80b|qwen3.5-27b|... --out DIR [--seed 0]
+    python -m build.models.tiny --topology qwen3-next-80b|qwen3.5-27b|... --out DIR [--seed 0]
 
 The published configs below are data, copied from each model's `config.json` on the Hugging Face hub
 (Qwen/Qwen3-Next-80B-A3B-Instruct, Qwen/Qwen3-30B-A3B, Qwen/Qwen3-32B, as released in 2025), with the shard count of
 the release (`model-000NN-of-000SS.safetensors`); only the width keys (`TINY_WIDTHS`) and the vocabulary (the kit's
-own 1,024-token tokenizer, build.tokenizer) are replaced. Tensor names come from transformers itself: a template
+own 1,024-token tokenizer, build.models.tokenizer) are replaced. Tensor names come from transformers itself: a template
 model of the same config with a few layers and two experts is saved by `save_pretrained`, and its per-layer names are
 repeated for every layer and expert. Qwen3-Next's MTP weights (`mtp.*`, loaded by vLLM only, see
 vllm/model_executor/models/qwen3_next_mtp.py) are a full-attention decoder layer under `mtp.layers.0.` plus `mtp.fc`
@@ -32,7 +32,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from build.tokenizer import make_tokenizer
+from build.models.tokenizer import make_tokenizer
 
 _COMMON = {"attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645,
            "hidden_act": "silu", "initializer_range": 0.02, "rms_norm_eps": 1e-06, "rope_scaling": None,
@@ -248,5 +248,5 @@ def write_topology(out: str | Path, name: str, seed: int = 0, layers: int | None
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos_id, pad_id],
                                                             "pad_token_id": pad_id}, indent=2))
     (out / "tiny.json").write_text(json.dumps({"topology": name, "source": topology.source, "seed": seed,
-                                               "tensors": len(rows), "made_by": "build.tiny --topology"}))
+                                               "tensors": len(rows), "made_by": "build.models.tiny --topology"}))
     return out

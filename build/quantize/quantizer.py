@@ -11,37 +11,37 @@ per channel, dynamic per-token activations), `FP8` (per-tensor FP8 weights and a
 `W8A16_CHANNEL` (symmetric INT8 weights, a BF16 scale per output channel), both in compressed-tensors'
 `pack-quantized` format (the integers packed into int32 words, `weight_shape` beside them: what vLLM 0.33 runs through
 its weight-only INT kernels, Marlin on the L4), and `BF16` (keep). Static schemes need `--calibration-tasks`
-(build.input_scales).
+(build.quantize.input_scales).
 
 Weights are quantised in float32 (bf16 division flips ~0.5% of the nibbles). Every set of weights vLLM fuses into
 one linear shares one global scale (and one static input scale), since vLLM keeps only the first (INT schemes have
 no global scale; their scales are per group or per channel, so the members need nothing shared): the groups come
-from one table per architecture (build.fused: q/k/v, gate/up of dense MLPs, of each routed expert and of shared
+from one table per architecture (build.quantize.fused: q/k/v, gate/up of dense MLPs, of each routed expert and of shared
 experts), found in one pass over the names; a recipe giving a group's members different schemes, or quantising
 nothing, is refused before any work, as is a source that is quantised already.
 MTP layers (`mtp.*`, Qwen3-Next, Qwen3.5) are matched by the same rules as the decoder layers except layer-ranged ones
 (the MTP layer is none of layers 0..N-1), as vLLM 0.33 looks them up: its MTP decoder layer and `mtp.fc` are built
 with the checkpoint's quantization config under their checkpoint names (experts by expert 0's names). Qwen3-Next's
 MTP builds its output head without one, so a recipe that quantises `lm_head` is refused for such a checkpoint with
-MTP weights; Qwen3.5's builds it with the config, so its FP8 head is allowed (build.fused.UNQUANTISED_MTP_HEAD names
-the vLLM line of each).
+MTP weights; Qwen3.5's builds it with the config, so its FP8 head is allowed (build.quantize.fused.UNQUANTISED_MTP_HEAD
+names the vLLM line of each).
 
 The output is what compressed-tensors' streaming converter (`convert_checkpoint` with a converter calling the
 library's compressors tensor by tensor) writes, byte for byte (tests/test_quantize.py builds that reference,
 tests/reference_quantize.py, and compares every file), but much faster: the shards are read by their headers and
 memory-mapped (no torch load), each output shard holds what the converter's would (a fused group's members travel to
 its first member's shard), kept tensors go to safetensors' serialiser by pointer, and a shard's NVFP4 weights are
-quantised together by two compiled loops (build.nvfp4: the library's CPU fallbacks run ~10 M elements/s each, ~4
-hours of an 80B model's experts on one core). FP8 weights (attention, a few per layer) go through the library's own
+quantised together by two compiled loops (build.quantize.nvfp4: the library's CPU fallbacks run ~10 M elements/s each,
+~4 hours of an 80B model's experts on one core). FP8 weights (attention, a few per layer) go through the library's own
 `FloatQuantizationCompressor`, INT weights through its `calculate_qparams` and `PackedQuantizationCompressor` (torch's
 vectorised calls: ~19 M weights/s on two busy cores, 2026-12-04, so ~1 hour for an 80B model's experts there; a
-compiled loop like build.nvfp4's would be the next step if that matters). The `quantization_config` in config.json
-and the index are written by the library's writers. A per-tensor report (`quantization_report.json`: scheme, relative error of the dequantised weight, computed
-in float32 where the library dequantises in bfloat16) comes with the output.
-With `--calibration-tasks`, FP8 KV-cache scales calibrated on the solver's own prompts of those tasks
-(build.kv_scales) are added too, with the `kv_cache_scheme` vLLM reads; they and the static input scales (observed
-only when the recipe has a static scheme) come from one layer-by-layer pass over the prompts (build.activations:
-one decoder layer resident, never the whole model).
+compiled loop like build.quantize.nvfp4's would be the next step if that matters). The `quantization_config` in
+config.json and the index are written by the library's writers. A per-tensor report (`quantization_report.json`: scheme,
+relative error of the dequantised weight, computed in float32 where the library dequantises in bfloat16) comes with the
+output. With `--calibration-tasks`, FP8 KV-cache scales calibrated on the solver's own prompts of those tasks
+(build.quantize.kv_scales) are added too, with the `kv_cache_scheme` vLLM reads; they and the static input scales
+(observed only when the recipe has a static scheme) come from one layer-by-layer pass over the prompts
+(build.quantize.activations: one decoder layer resident, never the whole model).
 """
 
 from __future__ import annotations
@@ -57,10 +57,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from build.activations import activation_amax
 from build.checkpoint import DTYPES, checkpoint_files, copy_other_files, read_header, weight_map
-from build.kv_scales import calibration_prompts, scales as kv_cache_scales
-from build.library_logs import show_library_logs_from
+from build.quantize.activations import activation_amax
+from build.quantize.kv_scales import calibration_prompts, scales as kv_cache_scales
+from build.quantize.library_logs import show_library_logs_from
 from build.schemes import FORMATS, SCHEMES, STATIC, compression_scheme, dequantize, library_scheme
 from submission import strict_toml
 
@@ -137,7 +137,7 @@ def plan(recipe: Recipe, tensors: dict[str, tuple[int, ...]], config: dict,
     the checkpoint's config.json), refusing what vLLM could not load or what would be a silent no-op: nothing matched,
     a fused group split over schemes, a quantised `lm_head` beside MTP weights where vLLM's MTP builds its head
     unquantised. Pure; one pass over the names."""
-    from build.fused import UNQUANTISED_MTP_HEAD, groups, model_type, table_for
+    from build.quantize.fused import UNQUANTISED_MTP_HEAD, groups, model_type, table_for
 
     table = table_for(config)
 
@@ -217,7 +217,7 @@ def static_input(scheme_name: str, amax: float) -> dict[str, "torch.Tensor"]:
     NVFP4's `input_global_scale` (as `generate_gparam(-amax, amax)`), FP8's `input_scale` (amax / 448)."""
     import torch
 
-    from build.nvfp4 import global_scale
+    from build.quantize.nvfp4 import global_scale
 
     value = torch.tensor([amax], dtype=torch.float32)
     if scheme_name == "NVFP4":
@@ -258,7 +258,7 @@ def largest_expert_amax(input_amax: dict[str, float]) -> dict[tuple[str, str], f
 def quantization_config(schemes: dict[str, str], kv_cache: bool, head: tuple[str, ...] = ("lm_head",)):
     """compressed-tensors' QuantizationConfig of the planned modules: one config group per scheme, explicit module
     names as targets (a quantised `lm_head` under each of `head`, the names vLLM's models give it:
-    build.fused.HEAD_TARGETS), `kv_cache_scheme` (FP8 per tensor, static) when KV-cache scales are written."""
+    build.quantize.fused.HEAD_TARGETS), `kv_cache_scheme` (FP8 per tensor, static) when KV-cache scales are written."""
     from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig
 
     targets: dict[str, list[str]] = {}
@@ -354,12 +354,12 @@ def quantize_shard(shards: Shards, names: list[str], schemes: dict[str, str], gr
                    kv_scales: dict[str, float], input_amax: dict[str, float],
                    largest: dict[tuple[str, str], float], report: dict[str, dict], with_error: bool) -> dict:
     """One output shard's tensors as safetensors specs (name -> (dtype, shape, array)), the same tensors the converter
-    writes: passed-through tensors as views of the source map, NVFP4 weights from build.nvfp4 (all of the shard's at
-    once), FP8 and INT weights from the library, KV-cache scales beside each attention layer's k_proj. Fills
+    writes: passed-through tensors as views of the source map, NVFP4 weights from build.quantize.nvfp4 (all of the
+    shard's at once), FP8 and INT weights from the library, KV-cache scales beside each attention layer's k_proj. Fills
     `report`."""
     import torch
 
-    from build.nvfp4 import quantize as nvfp4
+    from build.quantize.nvfp4 import quantize as nvfp4
 
     out: dict[str, tuple[str, list[int], np.ndarray]] = {}
 
@@ -455,7 +455,7 @@ def quantize(model: str | Path, recipe_path: str | Path, out: str | Path,
     from compressed_tensors.utils.safetensors_load import update_safetensors_index
     from safetensors import TensorSpec, serialize_file
 
-    from build.fused import HEAD_TARGETS, groups, model_type, table_for
+    from build.quantize.fused import HEAD_TARGETS, groups, model_type, table_for
 
     model, out = Path(model), Path(out)
     if out.exists():
@@ -507,7 +507,7 @@ def quantize(model: str | Path, recipe_path: str | Path, out: str | Path,
 def calibrated_scales(model: str | Path, recipe_path: str | Path, tasks, samples: int, on_step=None
                       ) -> tuple[dict[str, float], dict[str, float] | None]:
     """FP8 KV-cache scales, and the static input amax if the recipe has a static scheme, from the solver's prompts of
-    up to `samples` tasks, in one layer-by-layer pass (build.activations: one decoder layer resident)."""
+    up to `samples` tasks, in one layer-by-layer pass (build.quantize.activations: one decoder layer resident)."""
     static = any(rule.scheme in STATIC for rule in load_recipe(recipe_path).rules)
     found = activation_amax(model, calibration_prompts(model, tasks, samples), inputs=static, on_step=on_step)
     return kv_cache_scales(found.kv), found.inputs if static else None

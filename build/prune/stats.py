@@ -1,8 +1,8 @@
 """Routing statistics of a mixture-of-experts model on calibration traces: the container, its file, and merging.
 
-Recorded by `build.calibrate` (forward hooks, one trace at a time) and read by `build.experts`. Every array holds sums
-or counts, so runs split over machines merge by adding (saliency, program counts) and concatenating (per-trace
-arrays); a merge refuses statistics of a different model (config hash) or layout.
+Recorded by `build.prune.calibrate` (forward hooks, one trace at a time) and read by `build.prune.experts`. Every array
+holds sums or counts, so runs split over machines merge by adding (saliency, program counts) and concatenating
+(per-trace arrays); a merge refuses statistics of a different model (config hash) or layout.
 
 Per layer L and expert E (T traces, B length bins: prompt, six 16K-token thinking bins, answer):
     counts[T, B, L, E]        routing decisions (each token makes top_k of them)

@@ -2,7 +2,7 @@
 
     python -m build.prune --model DIR --list LIST.json --out DIR
 
-LIST.json is an expert list from `build.experts` (`{"experts": [[kept expert indices] per MoE layer], ...}`). Each
+LIST.json is an expert list from `build.prune.experts` (`{"experts": [[kept expert indices] per MoE layer], ...}`). Each
 removed expert's tensors and router rows go, the kept experts are renumbered in their original order, the expert count
 in config.json is rewritten under every expert-count key it has (`num_experts`, `num_local_experts`,
 `n_routed_experts`, also in `text_config`: transformers refuses a config whose keys disagree), and the shard index is
@@ -253,7 +253,7 @@ def prune(model: str | Path, list_path: str | Path, out: str | Path, on_shard=No
     copy_other_files(files, partial)
     report = partial / "quantization_report.json"  # build.quantize's, per module: renamed as the modules are
     if report.exists():
-        from build.quantize import report_json  # numpy and json only: no torch
+        from build.quantize.quantizer import report_json  # numpy and json only: no torch
 
         rows = json.loads(report.read_text())
         rows["tensors"] = {modules.get(m, m): row for m, row in rows.get("tensors", {}).items() if m not in gone}

@@ -7,8 +7,8 @@ RoPE, which rotates each pair (i, i + d/2) of a head's dimensions: the largest p
 largest norm of such a pair of the pre-RoPE keys (after q/k norm), so that bound is used: exact for some position,
 never too small. Layers without softmax attention (linear attention) have no KV cache and get no scales. The model
 runs one decoder layer at a time from its shards, with the static input scales when a recipe needs them
-(build.activations: one pass observes both): memory is one layer plus the prompts' hidden states. This module holds
-the prompts, the hooks that observe keys and values, and the scales.
+(build.quantize.activations: one pass observes both): memory is one layer plus the prompts' hidden states. This module
+holds the prompts, the hooks that observe keys and values, and the scales.
 """
 
 from __future__ import annotations

@@ -13,13 +13,13 @@ uploads (upload_commands: `kaggle datasets create -p DIR --dir-mode tar`, one ar
 client never uploads dataset-metadata.json, so the manifest leaves it out, and a path it would leave out of an
 archive is refused before anything is copied). Files above `--max-file-bytes` are split into numbered parts and
 reassembled at boot (submission/kaggle/boot.py). `verify` re-checks every hash and says what is wrong. A grid-line
-profile (`line = "grid"`) bundles build.grid_vocab's 16-token checkpoint the same way; boot runs it through
+profile (`line = "grid"`) bundles build.models.grid_vocab's 16-token checkpoint the same way; boot runs it through
 submission.main, which hands it to the grid line. A combined profile (`line = "both"`) takes two: `--model` the
 reasoning line's checkpoint into `model/`, `--grid-model` the 16-token grid model into `grid-model/`, both in the
 manifest; `kit/bundle.json` says `"line": "both"` and boot runs submission.both with both. `--adapter` puts the
 grid line's fine-tuned adapter inside the grid model's folder, where the profile's relative model.adapter finds it
 at run time (the base and the adapter both travel; issue 29). The notebook is
-kaggle/notebook.ipynb (build.notebook).
+kaggle/notebook.ipynb (build.bundle.notebook).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from submission.kaggle.bundle_files import MODEL_DIRS, manifest_problems
 from submission.kaggle.mounts import COMPETITION
 from submission.kaggle.supervise import SuperviseConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KIT_PATHS = ("submission", "profiles", "requirements", "examples")
 PART = ".part"
 METADATA = "dataset-metadata.json"  # the Kaggle CLI's, read by it and never uploaded (kaggle 2.2.5 upload_files)
@@ -203,13 +203,13 @@ def adapter_problem(named: str, adapter: Path | None, grid_model: Path) -> str:
 
 def model_problem(line: str, config: dict) -> str:
     """What makes a checkpoint (its config.json) the wrong model for a line, "" if nothing: the grid line needs
-    build.grid_vocab's 16-token cut, the reasoning line a full vocabulary."""
+    build.models.grid_vocab's 16-token cut, the reasoning line a full vocabulary."""
     from submission.grid.format import VOCAB
 
     if (line == "grid") == (config.get("vocab_size") == VOCAB):
         return ""
     return (f"vocab_size {config.get('vocab_size')}: the {line} line needs "
-            + (f"the {VOCAB}-token grid model (build.grid_vocab)" if line == "grid" else "a full vocabulary"))
+            + (f"the {VOCAB}-token grid model (build.models.grid_vocab)" if line == "grid" else "a full vocabulary"))
 
 
 def check_model(model: Path, line: str) -> None:
@@ -302,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", required=True)
     parser.add_argument("--model", required=True, type=Path, help="the checkpoint (a combined profile: the "
                         "reasoning line's)")
-    parser.add_argument("--grid-model", type=Path, help="a combined profile's grid model (build.grid_vocab's cut)")
+    parser.add_argument("--grid-model", type=Path,
+                        help="a combined profile's grid model (build.models.grid_vocab's cut)")
     parser.add_argument("--adapter", type=Path, help="the grid line's PEFT adapter (training.grid_tune's out/adapter), "
                         "bundled inside the grid model where the profile's model.adapter names it")
     parser.add_argument("--out", required=True, type=Path)

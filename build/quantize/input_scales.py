@@ -1,16 +1,16 @@
 """Static activation scales: the largest input each quantised projection sees on calibration prompts, observed layer
-by layer together with the FP8 KV-cache scales (build.kv_scales) in one pass.
+by layer together with the FP8 KV-cache scales (build.quantize.kv_scales) in one pass.
 
 Static schemes quantise activations with a scale fixed in the checkpoint instead of one computed per token:
 `FP8` (per-tensor FP8 weights and inputs; input_scale = amax / 448) and `NVFP4` (W4A4; input_global_scale =
-448 x 6 / amax, as for weights). The amax comes from the solver's own prompts (build.kv_scales.calibration_prompts).
-The model runs one decoder layer at a time from its shards (build.activations, through build.layerwise as
-build.calibrate does): memory is one layer's weights plus the prompts' hidden states, so an 80B MoE calibrates its
-scales in the memory of one layer; this module holds the hooks that observe the inputs.
-Linear modules are observed with forward pre-hooks; the routed experts of a MoE block, which transformers keeps fused,
-are observed in the experts' forward: each expert's gate/up input is the hidden state of the tokens routed to it, its
-down input the activation computed from its own weights. `lm_head`'s input is the final normed hidden state. MTP
-layers (`mtp.*`) are not part of the transformers model and get no observation, as before.
+448 x 6 / amax, as for weights). The amax comes from the solver's own prompts
+(build.quantize.kv_scales.calibration_prompts). The model runs one decoder layer at a time from its shards
+(build.quantize.activations, through build.layerwise as build.prune.calibrate does): memory is one layer's weights plus
+the prompts' hidden states, so an 80B MoE calibrates its scales in the memory of one layer; this module holds the hooks
+that observe the inputs. Linear modules are observed with forward pre-hooks; the routed experts of a MoE block, which
+transformers keeps fused, are observed in the experts' forward: each expert's gate/up input is the hidden state of the
+tokens routed to it, its down input the activation computed from its own weights. `lm_head`'s input is the final normed
+hidden state. MTP layers (`mtp.*`) are not part of the transformers model and get no observation, as before.
 """
 
 from __future__ import annotations

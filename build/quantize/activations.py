@@ -1,9 +1,10 @@
 """One layer-by-layer pass over calibration prompts observing what the scales need: the inputs of the quantised
-projections (build.input_scales' hooks) and the keys and values of the attention layers (build.kv_scales' hooks).
+projections (build.quantize.input_scales' hooks) and the keys and values of the attention layers
+(build.quantize.kv_scales' hooks).
 
 One pass for both because each pass loads every layer of the checkpoint from its shards (build.layerwise: one decoder
-layer resident); static input scales and KV-cache scales were two passes before. build.quantize.calibrated_scales
-turns what this observes into the scales a recipe needs.
+layer resident); static input scales and KV-cache scales were two passes before.
+build.quantize.quantizer.calibrated_scales turns what this observes into the scales a recipe needs.
 """
 
 from __future__ import annotations
@@ -12,15 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from build.input_scales import observe_inputs
-from build.kv_scales import observe_kv
 from build.layerwise import LayerRunner
+from build.quantize.input_scales import observe_inputs
+from build.quantize.kv_scales import observe_kv
 
 
 @dataclass(frozen=True)
 class Amax:
     inputs: dict[str, float]  # module (checkpoint name without `.weight`) -> largest absolute input
-    kv: dict[str, tuple[float, float]]  # attention module -> (key bound, value amax), see build.kv_scales
+    kv: dict[str, tuple[float, float]]  # attention module -> (key bound, value amax), see build.quantize.kv_scales
 
 
 def activation_amax(model_dir: str | Path, prompts: list[list[int]], device: str = "cpu", inputs: bool = True,
@@ -51,5 +52,5 @@ def input_amax(model_dir: str | Path, prompts: list[list[int]], device: str = "c
 
 def kv_amax(model_dir: str | Path, prompts: list[list[int]], device: str = "cpu") -> dict[str, tuple[float, float]]:
     """Per attention module name (`model.layers.N.self_attn`): (key bound, value amax) over the prompts
-    (build.kv_scales.scales turns them into scales)."""
+    (build.quantize.kv_scales.scales turns them into scales)."""
     return activation_amax(model_dir, prompts, device, inputs=False).kv
