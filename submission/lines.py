@@ -15,7 +15,7 @@ from pathlib import Path
 
 from submission import profiles
 from submission.cli import parser, refuse
-from submission.engines import make_engine
+from submission.reasoning.engines import make_engine
 from submission.profiles import BothProfile, GridProfile, ProfileError
 from submission.reasoning.run import NewEngine
 from submission.reasoning.run import run as run_reasoning_line

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 
-from submission.engines import make_engine
+from submission.reasoning.engines import make_engine
 from submission.lines import entry_parser, run_profile
 from submission.reasoning.run import NewEngine
 
