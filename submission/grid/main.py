@@ -28,7 +28,7 @@ from pathlib import Path
 
 from submission import cli
 from submission.answer_file import render_submission
-from submission.grid.config import GridProfile
+from submission.grid.profile import GridProfile
 from submission.grid.format import LAYOUTS, FormatError, read_format
 from submission.profiles import ProfileError, load_grid_profile
 from submission.tasks import LoadError, TaskSet
