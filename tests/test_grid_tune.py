@@ -80,7 +80,7 @@ def test_rows_go_through_the_checkpoints_format(grid_model, arc_data, tmp_path):
 
 def test_a_checkpoint_that_cannot_write_the_format_is_refused_before_any_work(grid_model, arc_data, tmp_path,
                                                                                capsys):
-    """As the run refuses it (submission.grid.main): the token named, nothing written. The format comes from
+    """As the run refuses it (submission.grid.run): the token named, nothing written. The format comes from
     --format, else --profile's model.format, else kit16."""
     common = ["--tasks", str(arc_data / "arc-agi-2" / "training"), "--max-tasks", "1", "--steps", "1"]
     assert main(common + ["--model", str(grid_model), "--format", "nvarc", "--out", str(tmp_path / "a")]) == 2

@@ -1,12 +1,8 @@
-"""The grid line's solver: workers on a shared queue, answers rewritten after every task (SPEC section 10).
+"""The grid line's run (SPEC section 10): workers on a shared queue, answers rewritten after every task.
 
-    python -m submission.grid.main --tasks PATH --out submission.json --profile grid-tiny [--model DIR]
-                                   [--adapter DIR [--merge]]
-                                   [--deadline SECONDS [--scale-schedule]] [--log attempts.jsonl] [--resume]
-                                   [--solutions PATH] [--max-tasks N] [--heartbeat PATH]
-
-`python -m submission.main` with a grid-line profile (one with `line = "grid"`) runs this too. The answer file
-exists, complete, before any work starts; the log gets two records per test input (attempt 1 carries every
+A library: submission.lines calls `run` for `python -m submission.main` with a grid-line profile (one with
+`line = "grid"`), submission/grid/main.py for `python -m submission.grid.main`, with the grid-only flags. The answer
+file exists, complete, before any work starts; the log gets two records per test input (attempt 1 carries every
 candidate with its hits, NLL and score). A watchdog (submission.cli's) ends the process before the deadline whatever
 the workers do; it is disarmed when the run returns, and `submission.main.main(argv, watchdog=False)` arms none.
 SIGTERM (the notebook's rehearsal, once every task has an attempt) starts no new task, ends the running ones and
@@ -29,26 +25,13 @@ from pathlib import Path
 from submission import cli
 from submission.answer_file import render_submission
 from submission.grid.profile import GridProfile
-from submission.grid.format import LAYOUTS, FormatError, read_format
-from submission.profiles import ProfileError, load_grid_profile
+from submission.grid.format import FormatError, read_format
 from submission.tasks import LoadError, TaskSet
 
 
-def parser() -> argparse.ArgumentParser:
-    p = cli.parser("python -m submission.grid.main", __doc__, "grid-tiny")
-    p.add_argument("--model", help="grid checkpoint folder (build.grid_vocab's output)")
-    p.add_argument("--format", choices=sorted(LAYOUTS), help="the checkpoint's grid format (overrides model.format)")
-    p.add_argument("--adapter", help="a PEFT adapter folder loaded on the model per worker (training.grid_tune's "
-                   "out/adapter; relative to the working directory); each task's training starts from its weights")
-    p.add_argument("--merge", action="store_true",
-                   help="merge --adapter into the model instead (a fresh LoRA per task)")
-    p.add_argument("--log", type=Path, help="attempt log (JSONL) to append to")
-    return p
-
-
 def run(args: argparse.Namespace, profile: GridProfile, armed: bool = True) -> int:
-    """The run of `profile` for parsed arguments (shared with submission.main, whose parser lacks the grid-only
-    flags); `armed`: whether the watchdog is (submission.cli.watchdog, disarmed when the run returns)."""
+    """The run of `profile` for parsed arguments (submission.grid.main's, or submission.main's, which lack the
+    grid-only flags); `armed`: whether the watchdog is (submission.cli.watchdog, disarmed when the run returns)."""
     try:
         if args.model:
             profile = replace(profile, model=replace(profile.model, path=str(args.model)))
@@ -125,16 +108,3 @@ def solve(args: argparse.Namespace, profile: GridProfile, tasks: TaskSet) -> int
     if labels:
         print(cli.score_line(render_submission(coordinator.answers.test_counts, coordinator.answers.answers), labels))
     return 143 if coordinator.stopping == "SIGTERM" else 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    try:
-        profile = load_grid_profile(args.profile)
-    except ProfileError as err:
-        return cli.refuse(err)
-    return run(args, profile)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
