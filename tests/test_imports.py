@@ -320,6 +320,15 @@ def test_no_room_of_submission_imports_one_above_it():
     assert not found, "imports against the rooms of submission/:\n" + "\n".join(found)
 
 
+def test_every_folder_of_submission_says_what_lives_there_and_what_it_must_not_import():
+    """Each package's `__init__` docstring is a folder's door sign (issue 46): what lives there, and a "Must not
+    import" sentence, so a new folder cannot arrive without one."""
+    found = [name for name, path in kit_modules().items()
+             if name.split(".")[0] == "submission" and path.name == "__init__.py"
+             and "Must not import" not in (ast.get_docstring(ast.parse(path.read_text())) or "")]
+    assert found == []
+
+
 def test_the_room_rule_catches_an_upward_import():
     """The rule itself on the real graph with edges added: the core importing the reasoning line, a line importing
     the other, the Kaggle runtime importing a run, submission/ importing build/ are each reported."""

@@ -3,9 +3,9 @@
 when chosen (vLLM and torch are heavy, and the replay engine needs neither).
 
 Part of the reasoning line's room (only that line drives a chat engine: the grid line runs its own model in its
-workers, the simulator models serving without one): may import submission's core and the rest of the line (the reply
-grammar, the profile types, the prompt), never its run, the profiles, the grid line or submission/kaggle/
-(tests/test_imports.py).
+workers, the simulator models serving without one). May import: submission's core and the rest of the line (the reply
+grammar, the profile types, the prompt). Must not import: the line's run, the profiles, the grid line,
+submission/kaggle/; build/, training/, sim/ (tests/test_imports.py).
 vllm_logits*.py and vllm_scheduler.py import nothing of the kit: vLLM loads them by name in its workers.
 """
 
