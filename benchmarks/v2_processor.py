@@ -11,7 +11,7 @@ them.
 
 Bytes are counted per dispatched aten op (a TorchDispatchMode): a new tensor's bytes, the whole tensor for an
 in-place elementwise op, the indexed elements for a scatter or an indexed write, nothing for a view; and, for the
-processor's Triton kernel (submission.engines.vllm_logits_v2.write_rows, run here by Triton's interpreter), the
+processor's Triton kernel (reasoning/engines/vllm_logits_v2.write_rows, run here by Triton's interpreter), the
 elements its masked stores and loads touch, counted in the interpreter's store and load (the interpreter's own
 copies of its arguments to and from the host, which a GPU launch does not make, are not counted). "Logits" counts only
 what lands in (or is read from) the logits tensor. "Before" is the processor at --before (issue 43's starting point,
@@ -44,12 +44,13 @@ from vllm import SamplingParams  # noqa: E402
 from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsContext  # noqa: E402
 
 from build.models.topology import TOPOLOGIES  # noqa: E402
-from submission.engines import vllm_logits_v2  # noqa: E402
+from submission.reasoning.engines import vllm_logits_v2  # noqa: E402
 from submission.profiles import load_profile  # noqa: E402
 from targets import Targets  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-MODULE = "submission/engines/vllm_logits_v2.py"
+MODULE = "submission/reasoning/engines/vllm_logits_v2.py"
+FORMER = "submission/engines/vllm_logits_v2.py"  # its place before issue 46 (the default --before's)
 THINK, BANNED = 151668, [151644, 151645, 151667, 151668]  # Qwen3's </think>, and four chat tokens
 MAX_LEN = 8192  # committed tokens per slot: a steady step reads only its scan window of them
 
@@ -136,14 +137,19 @@ def counting_kernel(counter: Counter):
 
 
 def processor_before(commit: str) -> type:
-    """The AnswerTemperature class of MODULE at `commit`."""
-    try:
-        source = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:{MODULE}"], check=True,
-                                capture_output=True, text=True).stdout
-    except (OSError, subprocess.CalledProcessError) as err:
-        raise SystemExit(f"error: cannot read {MODULE} at {commit} (a git clone of the kit is needed): {err}")
+    """The AnswerTemperature class of MODULE at `commit` (at FORMER in a commit before the move)."""
+    for path in (MODULE, FORMER):
+        try:
+            source = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:{path}"], check=True,
+                                    capture_output=True, text=True).stdout
+            break
+        except (OSError, subprocess.CalledProcessError) as err:
+            error = err
+    else:
+        raise SystemExit(f"error: cannot read {MODULE} (or {FORMER}) at {commit} (a git clone of the kit is "
+                         f"needed): {error}")
     module = types.ModuleType(f"vllm_logits_v2_{commit}")
-    exec(compile(source, f"{commit}:{MODULE}", "exec"), module.__dict__)
+    exec(compile(source, f"{commit}:{path}", "exec"), module.__dict__)
     return module.AnswerTemperature
 
 

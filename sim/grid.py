@@ -40,7 +40,7 @@ from sim.run import simulate
 from sim.serving import ServingModel, SharedEngine
 from submission.attempts import AttemptRecord, read_log
 from submission.reasoning.profile import Profile
-from submission.grid.config import GridProfile
+from submission.grid.profile import GridProfile
 from submission.grid.queue import TaskQueue, task_cost
 from submission.grid.rescore import Candidate as GridCandidate
 from submission.merge import grid_candidates, merged_answers

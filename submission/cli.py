@@ -1,6 +1,7 @@
-"""What the solver's three entry points share (submission.main, submission.grid.main, submission.both): their common
-arguments, `--deadline`, the tasks with `--max-tasks`, the refusal of an old log, the heartbeat's path, the score
-printout and the watchdog. A library never imports this module's users (they are commands)."""
+"""What the solver's three entry points (submission.main, submission.grid.main, submission.both) and the runs they
+call (submission/reasoning/run.py, submission/grid/run.py, submission/both/run.py) share: their common arguments,
+`--deadline`, the tasks with `--max-tasks`, the refusal of an old log, the heartbeat's path, the score printout and the
+watchdog. Part of submission's core: it imports no run and no entry."""
 
 from __future__ import annotations
 

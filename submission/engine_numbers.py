@@ -1,7 +1,7 @@
 """What the engine measured of itself in a run, against what the profile assumes: accepted drafts, decode rate and
 preemptions.
 
-The numbers are vLLM's own (submission.engines.vllm's stat logger reads `SchedulerStats.spec_decoding_stats`, a
+The numbers are vLLM's own (reasoning/engines/vllm.py's stat logger reads `SchedulerStats.spec_decoding_stats`, a
 `SpecDecodingStats`, and `IterationStats.num_preempted_reqs` after every engine step) summed into the throughput
 meter's windows, which a run appends to `<log>.stats.jsonl` beside its attempt log:
 - accepted drafts per step: draft tokens accepted / requests' steps that verified drafts (vLLM's "mean acceptance
@@ -64,7 +64,8 @@ def from_windows(windows: Iterable[dict]) -> EngineNumbers:
 
 
 def from_meters(meters: Iterable) -> EngineNumbers:
-    """The sums of running engines' throughput meters (submission.engines.base.ThroughputMeter: every restart's)."""
+    """The sums of running engines' throughput meters (submission.reasoning.engines.base.ThroughputMeter: every
+    restart's)."""
     meters = list(meters)
     return EngineNumbers(sum(m.generated for m in meters), *(sum(getattr(m, name) for m in meters)
                                                             for name in FIELDS[1:]))

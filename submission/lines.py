@@ -3,9 +3,9 @@
 `submission.main` parses its command line and calls `run_profile`; an in-process caller (training.corpus.probe)
 builds the same arguments with `arguments` and calls it too, so no library goes through the command line's argument
 list. A profile without `line` runs the reasoning line (submission.reasoning.run); `line = "grid"` the grid line
-(submission.grid.main's `run`); `line = "both"` both lines (submission.both's `run`). `watchdog=False` arms no
-watchdog, for callers that bound the run themselves; otherwise it is disarmed when the run returns. A profile the run
-cannot use is refused with status 2.
+(submission.grid.run); `line = "both"` both lines (submission.both.run). `watchdog=False` arms no watchdog, for
+callers that bound the run themselves; otherwise it is disarmed when the run returns. A profile the run cannot use is
+refused with status 2.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from submission import profiles
 from submission.cli import parser, refuse
-from submission.engines import make_engine
+from submission.reasoning.engines import make_engine
 from submission.profiles import BothProfile, GridProfile, ProfileError
 from submission.reasoning.run import NewEngine
 from submission.reasoning.run import run as run_reasoning_line
@@ -47,11 +47,11 @@ def run_profile(args: argparse.Namespace, watchdog: bool = True, new_engine: New
     except ProfileError as err:
         return refuse(err)
     if isinstance(profile, BothProfile):
-        from submission.both import run as run_both_lines
+        from submission.both.run import run as run_both_lines
 
         return run_both_lines(args, profile, watchdog)
     if isinstance(profile, GridProfile):
-        from submission.grid.main import run as run_grid_line
+        from submission.grid.run import run as run_grid_line
 
         return run_grid_line(args, profile, watchdog)
     return run_reasoning_line(args, profile, new_engine, watchdog)

@@ -6,8 +6,8 @@
 
 A profile without `line` runs the reasoning line (submission.reasoning.run: the schedule, the engine, the answer file,
 the log, the watchdog, SIGTERM and `--resume` are described there); `line = "grid"` the grid line
-(submission.grid.main, SPEC section 10: its own workers, the same answer file and log); `line = "both"` both lines,
-each on its share of the GPUs, one merged answer file (submission.both). Every line's watchdog is disarmed when its
+(submission.grid.run, SPEC section 10: its own workers, the same answer file and log); `line = "both"` both lines,
+each on its share of the GPUs, one merged answer file (submission.both.run). Every line's watchdog is disarmed when its
 run returns; `main(argv, watchdog=False)` arms none. In-process callers (training.corpus's probe) call the library
 function this entry calls, submission.lines.run_profile, with arguments built by submission.lines.arguments. A
 profile, tasks or model the run cannot use is refused with exit status 2.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 
-from submission.engines import make_engine
+from submission.reasoning.engines import make_engine
 from submission.lines import entry_parser, run_profile
 from submission.reasoning.run import NewEngine
 

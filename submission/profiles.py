@@ -3,7 +3,7 @@
 A profile's `line` says which of three kinds it is, and so which dataclass it is read into:
     (no line)      the reasoning line      submission.reasoning.profile.Profile  profiles/cpu-tiny.toml,
                                                                                  profiles/dense-27b-4xL4.toml
-    line = "grid"  the grid-model line     submission.grid.config.GridProfile    profiles/grid-*.toml
+    line = "grid"  the grid-model line     submission.grid.profile.GridProfile    profiles/grid-*.toml
     line = "both"  both lines in one run   BothProfile (below)                   profiles/both-*.toml
 Unknown sections and keys are refused with the file, the section and the key (submission.strict_toml); `to_toml`
 writes every value back (a run's copy of its profile; the combined run hands each line its own). `profiles/NAME.toml`
@@ -20,7 +20,7 @@ from typing import Any
 
 from submission import strict_toml
 from submission.reasoning.profile import Profile
-from submission.grid.config import GridProfile
+from submission.grid.profile import GridProfile
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 MERGE_S = 15.0  # a combined run's lines stop this much before the run: room for their shutdown and the last merge

@@ -139,8 +139,8 @@ def main(options: dict) -> dict:
 
     from submission.reasoning.reply_grammar import (THINK_END, THINK_START, Reply, answer_grammar, banned_answer_ids,
                                                     forced_end)
-    from submission.engines.base import GenerationRequest
-    from submission.engines.vllm import SUB_CONFIGS, engine_kwargs, scheduler_class, sampling_kwargs
+    from submission.reasoning.engines.base import GenerationRequest
+    from submission.reasoning.engines.vllm import SUB_CONFIGS, engine_kwargs, scheduler_class, sampling_kwargs
     from submission.profiles import load_profile
     from vllm import SamplingParams
     from vllm import config as vllm_configs
@@ -229,8 +229,8 @@ def thinking_rows(options: dict) -> dict:
 
     from submission.reasoning.reply_grammar import (THINK_END, THINK_START, Reply, answer_grammar, banned_answer_ids,
                                                     forced_end)
-    from submission.engines.base import GenerationRequest
-    from submission.engines.vllm import SUB_CONFIGS, engine_kwargs, sampling_kwargs
+    from submission.reasoning.engines.base import GenerationRequest
+    from submission.reasoning.engines.vllm import SUB_CONFIGS, engine_kwargs, sampling_kwargs
     from submission.profiles import load_profile
     from vllm import SamplingParams
     from vllm import config as vllm_configs

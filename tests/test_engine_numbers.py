@@ -12,7 +12,7 @@ import pytest
 from submission import engine_numbers
 from submission.kaggle import boot
 from submission.attempts import AttemptRecord
-from submission.engines.base import ThroughputMeter
+from submission.reasoning.engines.base import ThroughputMeter
 from submission.profiles import PROFILES
 from submission.schedule import Level
 
@@ -114,7 +114,7 @@ def test_an_attempt_record_keeps_what_the_engine_measured_meanwhile():
 
 def test_stats_file_field_names_are_the_meters():
     """The stats file holds StatsWindow's fields: the names engine_numbers sums must be among them."""
-    from submission.engines.base import StatsWindow
+    from submission.reasoning.engines.base import StatsWindow
 
     names = set(StatsWindow.__dataclass_fields__)
     assert set(engine_numbers.FIELDS) - {"request_seconds"} <= names and {"seconds", "running"} <= names

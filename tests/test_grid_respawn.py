@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from submission.grid.config import GridProfile, RunConfig
+from submission.grid.profile import GridProfile, RunConfig
 from submission.grid.queue import TaskQueue, task_cost
 from submission.grid.solve import TaskOutcome
 from submission.tasks import TaskSet, load_tasks

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from submission.grid.config import GridProfile  # noqa: E402
+from submission.grid.profile import GridProfile  # noqa: E402
 from submission.grid.dfs import Found, SearchResult  # noqa: E402
 from submission.grid.format import EOS, encode, grid_ids  # noqa: E402
 from submission.grid.rescore import search_views  # noqa: E402

@@ -230,7 +230,7 @@ def test_an_adapter_is_loaded_on_the_base_and_each_task_starts_from_its_weights(
     `merge` the adapter is folded into the base and a fresh LoRA of ttt's shape is trained instead."""
     from peft import LoraConfig, get_peft_model
 
-    from submission.grid.config import ModelConfig
+    from submission.grid.profile import ModelConfig
     from submission.grid.model import load_adapter, load_model
 
     torch.manual_seed(1)
@@ -271,7 +271,7 @@ def test_an_adapter_is_loaded_on_the_base_and_each_task_starts_from_its_weights(
 
 def test_a_relative_adapter_lies_inside_the_checkpoint_folder():
     """How a bundle carries the adapter (model/adapter): found wherever boot mounts the model."""
-    from submission.grid.config import ModelConfig
+    from submission.grid.profile import ModelConfig
 
     assert ModelConfig("/mnt/model", adapter="adapter").adapter_dir() == "/mnt/model/adapter"
     assert ModelConfig("/mnt/model", adapter="/tuned/adapter").adapter_dir() == "/tuned/adapter"
@@ -285,7 +285,7 @@ def test_the_unsloth_backend_trains_as_peft_does(grid_model, task):
     pytest.importorskip("unsloth")
     from peft import set_peft_model_state_dict
 
-    from submission.grid.config import ModelConfig
+    from submission.grid.profile import ModelConfig
     from submission.grid.model import load_adapter
 
     config = TTTConfig(rank=4, sequences=4, lr=1e-3)

@@ -80,7 +80,7 @@ def test_rows_go_through_the_checkpoints_format(grid_model, arc_data, tmp_path):
 
 def test_a_checkpoint_that_cannot_write_the_format_is_refused_before_any_work(grid_model, arc_data, tmp_path,
                                                                                capsys):
-    """As the run refuses it (submission.grid.main): the token named, nothing written. The format comes from
+    """As the run refuses it (submission.grid.run): the token named, nothing written. The format comes from
     --format, else --profile's model.format, else kit16."""
     common = ["--tasks", str(arc_data / "arc-agi-2" / "training"), "--max-tasks", "1", "--steps", "1"]
     assert main(common + ["--model", str(grid_model), "--format", "nvarc", "--out", str(tmp_path / "a")]) == 2
@@ -109,7 +109,7 @@ def test_adapter_and_optimiser_state_stay_in_bf16_and_the_run_loads_the_adapter(
     loads the adapter it saves as it is."""
     from safetensors.torch import load_file
 
-    from submission.grid.config import ModelConfig
+    from submission.grid.profile import ModelConfig
     from submission.grid.model import load_adapter
     from submission.grid.ttt import TTTConfig
 
@@ -153,7 +153,7 @@ def test_loss_falls_resumes_and_merges(grid_model, arc_data, tmp_path, capsys):
     before, after = _mean_loss(load_model(grid_model, "float32"), rows), _mean_loss(merged, rows)
     assert after < 0.9 * before, (before, after)  # measured: 2.79 -> 2.44 (random weights, 24 steps)
     # the adapter as saved is what the run loads (issue 29): on the base it computes what the merged model does
-    from submission.grid.config import ModelConfig
+    from submission.grid.profile import ModelConfig
     from submission.grid.model import load_adapter
     from submission.grid.ttt import TTTConfig
 

@@ -29,11 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("build", "training", "submission", "sim", "conformance", "offline_wheels", "benchmarks")
 # runnable modules imported for their functions by design (see the module docstring); each entry must be runnable
-# (submission.both's and submission.grid.main's `run` is their line's run, which submission.lines dispatches to)
 TOOLS = frozenset({
     "build.bundle.bundler", "build.models.grid_vocab", "build.models.tiny", "build.patch_eot", "build.pipeline",
-    "build.prune.calibrate", "build.prune.pruner", "build.quantize.quantizer",
-    "offline_wheels.lock", "sim.example_log", "submission.both", "submission.grid.main",
+    "build.prune.calibrate", "build.prune.pruner", "build.quantize.quantizer", "offline_wheels.lock", "sim.example_log",
     "submission.sandbox.client", "submission.score", "training.dataset", "training.rft"})
 ENTRIES = frozenset({"main", "run"})  # what one command-line module may import from another
 
@@ -250,22 +248,25 @@ def test_the_probe_runs_the_solver_through_its_library_function():
 
 # The rooms of submission/ (issue 46), lowest first: each room's modules (a name ending in "." is a package prefix)
 # and the rooms it may import besides its own. The core imports no line; a line imports neither the other line nor
-# the profiles that name both; the runs (each line's run, the combined run, the one entry) stand on the profiles; the
-# Kaggle runtime checks bundles against the profiles but never imports a run (boot starts runs as processes).
+# the profiles that name both; the runs (libraries: each line's run, the combined run, the merge, `lines` that
+# dispatches a profile to its run) stand on the profiles; the entries (the command lines users type) only parse
+# arguments and call a run; the Kaggle runtime checks bundles against the profiles but imports no run and no entry
+# (boot starts the entries as processes). The reasoning line's engines (reasoning/engines/) are the line's own: no
+# other room drives a chat engine.
 ROOMS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "core": (frozenset({"submission", "submission.grids", "submission.tasks", "submission.views", "submission.score",
                         "submission.selection", "submission.answer_file", "submission.strict_toml",
                         "submission.attempts", "submission.schedule", "submission.heartbeat", "submission.processes",
                         "submission.progress", "submission.engine_numbers", "submission.cli"}), frozenset()),
     "sandbox": (frozenset({"submission.sandbox", "submission.sandbox."}), frozenset({"core"})),
-    "reasoning line": (frozenset({"submission.reasoning", "submission.reasoning.", "submission.engines",
-                                  "submission.engines."}), frozenset({"core", "sandbox"})),
-    "grid line": (frozenset({"submission.grid", "submission.grid."}) - {"submission.grid.main"},
-                  frozenset({"core"})),
+    "reasoning line": (frozenset({"submission.reasoning", "submission.reasoning."}), frozenset({"core", "sandbox"})),
+    "grid line": (frozenset({"submission.grid", "submission.grid."}), frozenset({"core"})),
     "profiles": (frozenset({"submission.profiles"}), frozenset({"core", "sandbox", "reasoning line", "grid line"})),
-    "runs": (frozenset({"submission.reasoning.run", "submission.grid.main", "submission.both", "submission.merge",
-                        "submission.lines", "submission.main"}),
+    "runs": (frozenset({"submission.reasoning.run", "submission.grid.run", "submission.both", "submission.both.run",
+                        "submission.merge", "submission.lines"}),
              frozenset({"core", "sandbox", "reasoning line", "grid line", "profiles"})),
+    "entries": (frozenset({"submission.main", "submission.grid.main", "submission.both.__main__"}),
+                frozenset({"core", "reasoning line", "grid line", "profiles", "runs"})),
     "kaggle": (frozenset({"submission.kaggle", "submission.kaggle."}),
                frozenset({"core", "reasoning line", "grid line", "profiles"})),
     "aliases": (frozenset({"submission.boot", "submission.preflight", "submission.kaggle_mounts",
@@ -275,7 +276,7 @@ ROOMS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 
 def room_of(module: str) -> list[str]:
     """The rooms whose lists name `module` (exactly one for every module of submission/; the exact name wins over a
-    package prefix, so `submission.grid.main` is a run, not the grid line)."""
+    package prefix, so `submission.grid.run` is a run, not the grid line)."""
     exact = [room for room, (members, _) in ROOMS.items() if module in members]
     return exact or [room for room, (members, _) in ROOMS.items()
                      if any(m.endswith(".") and module.startswith(m) for m in members)]
@@ -284,6 +285,19 @@ def room_of(module: str) -> list[str]:
 def test_every_module_of_submission_has_one_room():
     found = {name: room_of(name) for name in kit_modules() if name.split(".")[0] == "submission"}
     assert {name: rooms for name, rooms in found.items() if len(rooms) != 1} == {}
+
+
+def test_the_runs_are_libraries_and_the_entries_command_lines():
+    """A run is called (submission.lines dispatches a profile to it), so it is a library; an entry is what users type
+    (`python -m submission.main`, `submission.grid.main`, `submission.both`), so it is runnable and, being no tool,
+    nothing imports it but to run it (issue 46: the grid line's and the combined run were commands imported for
+    their `run`)."""
+    modules = kit_modules()
+    rooms = {name: room_of(name)[0] for name in modules if name.split(".")[0] == "submission"}
+    assert sorted(n for n, room in rooms.items() if room == "runs" and runnable(modules[n])) == []
+    assert sorted(n for n, room in rooms.items() if room == "entries") == [
+        "submission.both.__main__", "submission.grid.main", "submission.main"]
+    assert all(runnable(modules[n]) and n not in TOOLS for n, room in rooms.items() if room == "entries")
 
 
 def room_problems(graph: dict[str, set[str]]) -> list[str]:
@@ -306,6 +320,15 @@ def test_no_room_of_submission_imports_one_above_it():
     assert not found, "imports against the rooms of submission/:\n" + "\n".join(found)
 
 
+def test_every_folder_of_submission_says_what_lives_there_and_what_it_must_not_import():
+    """Each package's `__init__` docstring is a folder's door sign (issue 46): what lives there, and a "Must not
+    import" sentence, so a new folder cannot arrive without one."""
+    found = [name for name, path in kit_modules().items()
+             if name.split(".")[0] == "submission" and path.name == "__init__.py"
+             and "Must not import" not in (ast.get_docstring(ast.parse(path.read_text())) or "")]
+    assert found == []
+
+
 def test_the_room_rule_catches_an_upward_import():
     """The rule itself on the real graph with edges added: the core importing the reasoning line, a line importing
     the other, the Kaggle runtime importing a run, submission/ importing build/ are each reported."""
@@ -316,7 +339,7 @@ def test_the_room_rule_catches_an_upward_import():
     graph["submission.tasks"].add("build.tiny")
     assert room_problems(graph) == [
         "submission.grids (core) -> submission.reasoning.profile (reasoning line)",
-        "submission.kaggle.boot (kaggle) -> submission.main (runs)",
+        "submission.kaggle.boot (kaggle) -> submission.main (entries)",
         "submission.reasoning.prompt (reasoning line) -> submission.grid.format (grid line)",
         "submission.tasks -> build.tiny (submission/ imports nothing of the kit outside it)"]
 

@@ -102,7 +102,7 @@ def test_deadline_is_kept_even_with_slow_attempts(setup, arc_data, tmp_path, rep
 BLOCKING = """
 import sys, time
 import submission.main as solver
-from submission.engines.base import ThroughputMeter
+from submission.reasoning.engines.base import ThroughputMeter
 
 class Frozen:  # blocks the event loop itself: only the watchdog can end the run
     meter = ThroughputMeter()

@@ -176,7 +176,7 @@ def test_a_vllm_without_the_overridden_methods_refuses_to_start(v033):
     """A vLLM whose AsyncScheduler lacks a method the kit overrides fails when the engine builds its scheduler."""
     code = ("from vllm.v1.core.sched.scheduler import Scheduler\n"
             "del Scheduler.update_draft_token_ids_in_output\n"
-            "from submission.engines.vllm_scheduler import KeptDraftsAsyncScheduler\n"
+            "from submission.reasoning.engines.vllm_scheduler import KeptDraftsAsyncScheduler\n"
             "try:\n    KeptDraftsAsyncScheduler()\nexcept RuntimeError as err:\n    print('RESULT', str(err))\n")
     env = {**os.environ, "PYTHONPATH": f"{v033}{os.pathsep}{Path(__file__).parents[1]}", "VLLM_TARGET_DEVICE": "cpu"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from submission.engines.base import GenerationRequest
-from submission.engines.vllm import engine_kwargs, sampling_kwargs
+from submission.reasoning.engines.base import GenerationRequest
+from submission.reasoning.engines.vllm import engine_kwargs, sampling_kwargs
 from submission.profiles import load_profile
 from submission.reasoning.prompt import task_text
 from submission.schedule import InputInfo, Level, Outcome, Request, Scheduler

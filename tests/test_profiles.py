@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from submission.reasoning.profile import Profile
-from submission.grid.config import GridProfile
+from submission.grid.profile import GridProfile
 from submission.profiles import (PROFILES, BothProfile, ProfileError, load, load_both_profile, load_grid_profile,
                                  profile_line, to_toml)
 

@@ -1,6 +1,6 @@
 """The simulator's engine against the real one: vLLM's CPU build serves dozens of requests of mixed lengths on a tiny
 random-weight Qwen3 with a deliberately small KV cache (preemptions happen), recording every step through a stat
-logger as submission/engines/vllm.py does; the same requests then replay through sim.serving, with its serving model
+logger as reasoning/engines/vllm.py does; the same requests then replay through sim.serving, with its serving model
 calibrated from that run (sim.calibrate on the steps), and the trajectories are compared. Then twice more with chunked
 prefill on a 40-token budget (24 requests; contexts of up to five chunks, re-prefills longer): with vLLM's default
 admission gate (scheduler_reserve_full_isl: the whole context's blocks free) and without it (the first chunk's), the

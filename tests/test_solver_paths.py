@@ -11,9 +11,9 @@ import pytest
 
 from submission.attempts import AttemptRecord, read_log
 from submission.reasoning.profile import EngineConfig, Profile, PromptConfig
-from submission.engines import make_engine
-from submission.engines.base import EngineDead, ThroughputMeter
-from submission.engines.replay import ReplayEngine
+from submission.reasoning.engines import make_engine
+from submission.reasoning.engines.base import EngineDead, ThroughputMeter
+from submission.reasoning.engines.replay import ReplayEngine
 from submission.reasoning.run import Run
 from submission.sandbox.client import Sandbox
 from submission.schedule import Level, Request, ScheduleConfig

@@ -13,7 +13,7 @@ import pytest
 from submission.reasoning.reply_grammar import CALL_OPEN, FENCE, THINK_END, Reply
 from submission.attempts import AttemptRecord
 from submission.reasoning.profile import EngineConfig, Profile, PromptConfig
-from submission.engines.base import Completion, ThroughputMeter
+from submission.reasoning.engines.base import Completion, ThroughputMeter
 from submission.profiles import PROFILES
 from submission.reasoning.prompt import FIX, check_text, grid_text
 from submission.sandbox.client import Sandbox

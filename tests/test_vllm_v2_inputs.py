@@ -39,7 +39,7 @@ from vllm import SamplingParams  # noqa: E402
 from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsContext, LogitsProcRequestState  # noqa: E402
 
 from submission.reasoning.reply_grammar import CHAT_TOKENS  # noqa: E402
-from submission.engines.vllm_logits_v2 import MAX_BANNED, AnswerTemperature  # noqa: E402
+from submission.reasoning.engines.vllm_logits_v2 import MAX_BANNED, AnswerTemperature  # noqa: E402
 
 BUFFERS = "vllm/v1/worker/gpu/buffer_utils.py"
 STATES = "vllm/v1/worker/gpu/states.py"

@@ -41,7 +41,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from submission.grid.config import ModelConfig
+from submission.grid.profile import ModelConfig
 from submission.grid.format import KIT16, LAYOUTS, FormatError, GridFormat, encode, read_format
 from submission.profiles import ProfileError, load_grid_profile
 from submission.tasks import Pair, Task, load_tasks

@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from submission.reasoning.reply_grammar import THINK_END, parse_answer
-from submission.engines.base import GenerationRequest
+from submission.reasoning.engines.base import GenerationRequest
 from submission.profiles import load_profile
 from submission.reasoning.prompt import grid_text, render
 from submission.schedule import stable_seed
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     tasks = select_tasks(args)
     from transformers import AutoTokenizer
 
-    from submission.engines import make_engine
+    from submission.reasoning.engines import make_engine
 
     done = set()
     if args.out.exists():

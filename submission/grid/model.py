@@ -30,7 +30,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from submission.grid.config import ModelConfig
+from submission.grid.profile import ModelConfig
 from submission.grid.format import PAD, VOCAB
 from submission.grid.ttt import Adapter, TTTConfig
 

@@ -36,7 +36,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from submission.grid.config import GridProfile
+from submission.grid.profile import GridProfile
 from submission.grid.dfs import SearchResult, greedy, search, search_batch
 from submission.grid.format import KIT16, GridFormat, answer_ids, decode_grid, encode
 from submission.grid.queue import TrainingPlan

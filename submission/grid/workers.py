@@ -38,7 +38,7 @@ from pathlib import Path
 
 from submission.answer_file import AnswerFile
 from submission.attempts import AttemptLog, AttemptRecord, GridDetail, read_log, repair_log
-from submission.grid.config import GridProfile
+from submission.grid.profile import GridProfile
 from submission.grid.queue import TaskQueue, task_cost
 from submission.grid.rescore import choose
 from submission.grid.solve import TaskOutcome

@@ -6,7 +6,8 @@ mounted, the manifest), mounts (the competition's files by their mount name, the
 (the machine and the bundle against the profile).
 
 May import: submission's core (the top-level modules) and the profiles (submission.profiles and the lines' profile
-types, for preflight). Must not import: the lines' runs (submission.reasoning.run, submission.grid's solver,
-submission.both) or their engines; build/, training/, sim/. boot, mounts, bundle_files, locked_install and supervise
-stay standard-library only: boot runs them before its environment is installed.
+types, for preflight). Must not import: the runs (submission.reasoning.run, submission.grid.run, submission.both,
+submission.lines), the entries (submission.main, submission.grid.main) or the engines; build/, training/, sim/. boot,
+mounts, bundle_files, locked_install and supervise stay standard-library only: boot runs them before its environment is
+installed.
 """

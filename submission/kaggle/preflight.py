@@ -37,7 +37,7 @@ from pathlib import Path
 
 from submission.kaggle.bundle_files import MODEL_DIRS, split_parts
 from submission.reasoning.profile import Profile
-from submission.grid.config import GridProfile
+from submission.grid.profile import GridProfile
 from submission.grid.format import VOCAB
 from submission.profiles import BothProfile, ProfileError, line_configs, load, path_of
 

@@ -50,7 +50,7 @@ from submission.cli import (
     with_deadline,
 )
 from submission.reasoning.profile import Profile
-from submission.engines.base import Engine, EngineDead
+from submission.reasoning.engines.base import Engine, EngineDead
 from submission.heartbeat import HeartbeatWriter
 from submission.processes import become_subreaper, descendants, end_processes, leftovers
 from submission.profiles import to_toml
@@ -81,7 +81,7 @@ def make_renderer(profile: Profile) -> tuple[Renderer, ToolTurn]:
 
 class Run:
     """One reasoning-line run: `new_engine` makes its engine (again after a death: a restart needs fresh processes;
-    submission.engines.make_engine, or a test's fake)."""
+    submission.reasoning.engines.make_engine, or a test's fake)."""
 
     def __init__(self, args: argparse.Namespace, profile: Profile, tasks: TaskSet, new_engine: NewEngine):
         self.args, self.profile, self.tasks = args, profile, tasks

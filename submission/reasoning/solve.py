@@ -16,7 +16,7 @@ from submission import engine_numbers
 from submission.reasoning.reply_grammar import ParsedAnswer, Reply, parse_answer
 from submission.attempts import AttemptRecord
 from submission.reasoning.profile import Profile
-from submission.engines.base import Completion, Engine, GenerationRequest
+from submission.reasoning.engines.base import Completion, Engine, GenerationRequest
 from submission.grids import Grid
 from submission.reasoning.prompt import FIX, check_text, repair_text
 from submission.sandbox.client import CheckResult, Sandbox, Status

